@@ -1,0 +1,96 @@
+"""Helpers shared by the benchmark scripts: machine description, timing statistics, text sources.
+
+Benchmarks print ratios against the reference measured side by side in the same run; absolute
+times on a shared machine are only indicative.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("DTOK_SHARED", ROOT.parent / "shared"))
+RESULTS = ROOT / "bench-results"
+
+
+def machine() -> dict:
+    cpu = "unknown"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import tokenizers
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count()
+    return {
+        "cpu": cpu,
+        "cpus_usable": cpus,
+        "loadavg_at_start": os.getloadavg(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "tokenizers": tokenizers.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def summary(samples_s: list[float]) -> dict:
+    ms = sorted(x * 1e3 for x in samples_s)
+    p99 = ms[min(len(ms) - 1, int(round(0.99 * (len(ms) - 1))))]
+    return {"median_ms": statistics.median(ms), "p99_ms": p99, "min_ms": ms[0], "n": len(ms)}
+
+
+def corpus(*parts: str) -> str:
+    with open(SHARED.joinpath("corpus", *parts), encoding="utf-8", newline="") as f:
+        return f.read()
+
+
+def stdlib_sources(limit: int) -> str:
+    """Python standard library sources, concatenated (real code, present on every machine)."""
+    out, total = [], 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        if "site-packages" in path.parts or "test" in path.parts:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        out.append(text)
+        total += len(text)
+        if total >= limit:
+            break
+    return "".join(out)
+
+
+def documents(kind: str, size: int, count: int) -> list[str]:
+    """`count` distinct documents of `size` characters (so that no document cache is measured)."""
+    if kind == "code":
+        src = stdlib_sources(size * count + size)
+    elif kind == "prose":
+        src = "".join(corpus("prose", p.name) for p in sorted((SHARED / "corpus" / "prose").iterdir()))
+    elif kind == "multilingual":
+        src = corpus("multilingual", "udhr_all-languages_concatenated.txt")
+    else:
+        raise ValueError(kind)
+    while len(src) < size * count:
+        src += src
+    step = max(1, (len(src) - size) // max(1, count - 1)) if count > 1 else 0
+    return [src[i * step : i * step + size] for i in range(count)]
+
+
+def write_json(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / name
+    path.write_text(json.dumps(payload, indent=2))
+    return path

@@ -1,0 +1,5 @@
+import sys
+
+from dtok.cli import main
+
+sys.exit(main())

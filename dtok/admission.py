@@ -1,0 +1,227 @@
+"""Load a tokenizer file and decide, structurally, whether dtok may cut it.
+
+A file is admitted when every stage of its pipeline is one dtok has an argument and a test
+battery for, whatever its vocabulary:
+
+* model: BPE without dropout (each pre-token piece is encoded independently and deterministically);
+* normalizer: none, an empty Sequence, or NFC;
+* pre-tokenizer: one of the families in :mod:`dtok.families`;
+* post-processor: none, ByteLevel (offsets only), or TemplateProcessing that adds a fixed prefix
+  and/or suffix of special tokens (alone or in a Sequence), applied once to the whole text;
+* added tokens: no ``lstrip``, ``rstrip`` or ``single_word``; ``normalized=True`` only when the
+  normalizer leaves text unchanged (then matching before or after it is the same);
+* no truncation or padding, and the reference matches special tokens in text
+  (``encode_special_tokens`` off).
+
+Anything else is encoded by the reference, whole, and :attr:`Admission.reasons` says why.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dtok.families import identify
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Whether dtok may cut texts for this file, and why (or why not)."""
+
+    admitted: bool
+    family: str | None
+    reasons: list[str]
+    sha256: str = ""
+    nfc: bool = False
+    prefix: tuple[int, ...] = ()  # IDs the post-processor puts before the text
+    suffix: tuple[int, ...] = ()  # ... and after it
+    added_tokens: tuple[str, ...] = field(default=(), repr=False)
+
+    def __bool__(self) -> bool:
+        return self.admitted
+
+
+@dataclass(frozen=True)
+class TokenizerFiles:
+    """The files behind one tokenizer: tokenizer.json (bytes, parsed) and its optional config."""
+
+    path: Path
+    raw: bytes
+    spec: dict[str, Any]
+    config: dict[str, Any] | None
+    config_path: Path | None
+
+
+def read_files(path: str | Path) -> TokenizerFiles:
+    """Read ``tokenizer.json`` (a file, or a directory holding one) and ``tokenizer_config.json``."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no tokenizer file at {path}")
+    raw = path.read_bytes()
+    try:
+        spec = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    config_path = path.parent / "tokenizer_config.json"
+    config = None
+    if config_path.is_file():
+        try:
+            config = json.loads(config_path.read_bytes())
+        except ValueError as exc:
+            raise ValueError(f"{config_path} is not valid JSON: {exc}") from None
+    else:
+        config_path = None
+    return TokenizerFiles(path, raw, spec, config, config_path)
+
+
+def bundled_files() -> TokenizerFiles:
+    """The Qwen3 tokenizer shipped (gzip-compressed) inside the package."""
+    import gzip
+    from importlib import resources
+
+    data = resources.files("dtok") / "data" / "qwen3"
+    raw = gzip.decompress((data / "tokenizer.json.gz").read_bytes())
+    config = json.loads((data / "tokenizer_config.json").read_bytes())
+    return TokenizerFiles(Path(str(data / "tokenizer.json.gz")), raw, json.loads(raw), config,
+                          Path(str(data / "tokenizer_config.json")))
+
+
+def _normalizer(spec: dict | None) -> tuple[bool | None, str]:
+    """(nfc?, reason); nfc is None when the normalizer is not admitted."""
+    if spec is None:
+        return False, "no normalizer"
+    kind = spec.get("type")
+    if kind == "NFC":
+        return True, "normalizer NFC"
+    if kind == "Sequence":
+        inner = spec.get("normalizers", [])
+        if not inner:
+            return False, "empty normalizer Sequence"
+        if all(n.get("type") == "NFC" for n in inner):
+            return True, "normalizer Sequence[NFC]"
+        return None, "normalizer Sequence of " + ", ".join(str(n.get("type")) for n in inner)
+    return None, f"normalizer {kind} is not admitted (only none, empty, NFC)"
+
+
+def _templates(spec: dict | None) -> tuple[list[dict] | None, str]:
+    """The TemplateProcessing 'single' templates inside a post-processor, or None if refused."""
+    if spec is None:
+        return [], "no post-processor"
+    kind = spec.get("type")
+    if kind == "ByteLevel":
+        return [], "ByteLevel post-processor (offsets only)"
+    if kind == "TemplateProcessing":
+        return [spec], "TemplateProcessing post-processor"
+    if kind == "Sequence":
+        found = []
+        for step in spec.get("processors", []):
+            inner, reason = _templates(step)
+            if inner is None:
+                return None, reason
+            found.extend(inner)
+        return found, "post-processor Sequence of " + ", ".join(
+            str(s.get("type")) for s in spec.get("processors", [])
+        )
+    return None, f"post-processor {kind} is not admitted"
+
+
+def _prefix_suffix(templates: list[dict]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    prefix: list[int] = []
+    suffix: list[int] = []
+    for tpl in templates:
+        seen_sequence = False
+        for item in tpl.get("single", []):
+            if "Sequence" in item:
+                if seen_sequence:
+                    return None
+                seen_sequence = True
+            elif "SpecialToken" in item:
+                ids = tpl["special_tokens"][item["SpecialToken"]["id"]]["ids"]
+                (suffix if seen_sequence else prefix).extend(ids)
+            else:
+                return None
+        if not seen_sequence:
+            return None
+    return tuple(prefix), tuple(suffix)
+
+
+def admit(files: TokenizerFiles, reference) -> Admission:
+    """Decide admission for ``files``; ``reference`` is the loaded ``tokenizers.Tokenizer``."""
+    spec = files.spec
+    sha = hashlib.sha256(files.raw).hexdigest()
+    refused: list[str] = []
+    notes: list[str] = []
+
+    model = spec.get("model", {})
+    model_type = model.get("type") or (  # legacy serialisations carry no "type"
+        "BPE" if "merges" in model else "Unigram" if "unk_id" in model
+        else "WordPiece" if "max_input_chars_per_word" in model else "unknown")
+    if model_type != "BPE":
+        refused.append(f"model {model_type} is not admitted (only BPE)")
+    elif model.get("dropout"):
+        refused.append("BPE with dropout is not deterministic")
+    else:
+        notes.append("BPE model")
+
+    nfc, reason = _normalizer(spec.get("normalizer"))
+    (refused if nfc is None else notes).append(reason)
+
+    family, reason = identify(spec.get("pre_tokenizer"))
+    (notes if family else refused).append(reason)
+
+    templates, reason = _templates(spec.get("post_processor"))
+    affixes = None if templates is None else _prefix_suffix(templates)
+    if affixes is None:
+        refused.append(reason if templates is None else
+                       "post-processor template is not a fixed prefix/suffix around the text")
+    else:
+        notes.append(reason)
+
+    if spec.get("truncation"):
+        refused.append("truncation is enabled")
+    if spec.get("padding"):
+        refused.append("padding is enabled")
+    if getattr(reference, "truncation", None) or getattr(reference, "padding", None):
+        refused.append("the loaded reference has truncation or padding enabled")
+    if getattr(reference, "encode_special_tokens", False):
+        refused.append("encode_special_tokens is on (added tokens are not matched in text)")
+
+    added = list(reference.get_added_tokens_decoder().values())
+    for flag in ("lstrip", "rstrip", "single_word"):
+        hit = [t.content for t in added if getattr(t, flag)]
+        if hit:
+            refused.append(f"{len(hit)} added token(s) with {flag} (e.g. {hit[0]!r})")
+    normalized = [t.content for t in added if t.normalized]
+    if normalized:
+        if nfc:
+            refused.append(f"{len(normalized)} added token(s) matched after NFC normalization")
+        else:
+            notes.append(f"{len(normalized)} added token(s) with normalized=true under an "
+                         "identity normalizer (matched on raw text)")
+    notes.append(f"{len(added)} added tokens")
+
+    if affixes is not None and not refused:
+        # The template must say what the reference does.
+        prefix, suffix = affixes
+        got = reference.encode("", add_special_tokens=True).ids
+        if list(got) != list(prefix + suffix):
+            refused.append(f"post-processor adds {got}, template parsing expected "
+                           f"{list(prefix + suffix)}")
+        elif prefix or suffix:
+            notes.append(f"post-processor adds prefix {list(prefix)} suffix {list(suffix)}")
+
+    admitted = not refused
+    return Admission(
+        admitted=admitted,
+        family=family.name if family else None,
+        reasons=notes if admitted else refused,
+        sha256=sha,
+        nfc=bool(nfc),
+        prefix=affixes[0] if affixes else (),
+        suffix=affixes[1] if affixes else (),
+        added_tokens=tuple(t.content for t in added if t.content),
+    )

@@ -1,0 +1,321 @@
+"""The public :class:`Tokenizer`: the reference's IDs, faster on long texts."""
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Hashable, Sequence
+
+from dtok import tables
+from dtok.admission import Admission, TokenizerFiles, admit, bundled_files, read_files
+from dtok.encoders import ReferenceEncoder
+from dtok.sessions import LOOKUP_MIN_BYTES, SessionStore
+from dtok_ext.buffers import IdBuffer, ids_from_list
+from dtok_ext.cuts import CutRules
+from dtok_ext.specials import SpecialMatcher
+
+__all__ = ["Tokenizer", "KNOBS"]
+
+#: Operator knobs and their defaults (the paper's parameters, supplement S6.2).
+KNOBS: dict[str, Any] = {
+    "threads": None,  # encoder threads for chunked encodes; None = the CPUs this process may use
+    "chunk_threshold": 131072,  # texts this long (code points) or longer are cut into chunks
+    "chunk_target": 65536,  # aimed-at chunk length
+    "max_chunks": 16,
+    "scan_budget": (48, 4096),  # backward scan for a safe cut: first stage, then up to the second
+    "content_lookup": True,  # unkeyed texts of 4096+ UTF-8 bytes reuse a stored prefix's IDs
+    "max_sessions": 4096,  # keyed sessions kept
+    "session_bytes": 128 << 20,  # text + IDs kept for sessions and content lookup (LRU)
+    "lookup_entries": 1024,  # content-lookup entries kept (oldest dropped first)
+}
+
+
+def _available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _validated(knobs: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(knobs) - set(KNOBS)
+    if unknown:
+        raise TypeError(f"unknown knob(s): {', '.join(sorted(unknown))}")
+    k = {**KNOBS, **knobs}
+    for name in ("chunk_threshold", "chunk_target", "max_chunks", "max_sessions",
+                 "session_bytes", "lookup_entries"):
+        if type(k[name]) is not int or k[name] < 1:
+            raise ValueError(f"{name} must be a positive int, got {k[name]!r}")
+    if k["threads"] is not None and (type(k["threads"]) is not int or k["threads"] < 1):
+        raise ValueError(f"threads must be a positive int or None, got {k['threads']!r}")
+    try:
+        budget = tuple(k["scan_budget"])
+    except TypeError:
+        budget = ()
+    if not budget or any(type(b) is not int or b < 0 for b in budget):
+        raise ValueError(f"scan_budget must be non-negative ints, got {k['scan_budget']!r}")
+    k["scan_budget"] = budget
+    if type(k["content_lookup"]) is not bool:
+        raise ValueError(f"content_lookup must be a bool, got {k['content_lookup']!r}")
+    return k
+
+
+class Tokenizer:
+    """Exact tokenizer: ``list(tok.encode(x)) == reference.encode(x).ids`` for every text.
+
+    Long texts of admitted files are cut at provably safe positions and the chunks encoded on
+    several threads; everything else goes to the reference whole. Results are read-only int32
+    memoryviews.
+
+    >>> tok = Tokenizer.default()
+    >>> ids = tok.encode("Hello, world!")
+    >>> ids.format, list(ids) == tok.reference.encode("Hello, world!").ids
+    ('i', True)
+    >>> tok.admission.admitted, tok.admission.family
+    (True, 'qwen2')
+    """
+
+    # --- construction ---------------------------------------------------------------------
+
+    def __init__(self, files: TokenizerFiles, **knobs: Any) -> None:
+        self.knobs = _validated(knobs)
+        from tokenizers import Tokenizer as _Reference
+
+        self.files = files
+        self.reference = _Reference.from_str(files.raw.decode("utf-8"))
+        self.admission: Admission = admit(files, self.reference)
+        self.rules: CutRules | None = None
+        if self.admission.admitted:
+            t = tables.load(self.admission.family)
+            self.rules = CutRules(
+                t.table, t.accept, SpecialMatcher(self.admission.added_tokens),
+                self.reference.normalizer.normalize_str if self.admission.nfc else None,
+            )
+        self._setup()
+
+    def _setup(self) -> None:
+        """Per-instance state that knobs decide: threads, encoder, sessions."""
+        self.threads = self.knobs["threads"] or _available_cpus()
+        self.encoder = ReferenceEncoder(self.reference)
+        self._executor: ThreadPoolExecutor | None = None
+        self._executor_lock = threading.Lock()
+        self.sessions = SessionStore(
+            self, max_sessions=self.knobs["max_sessions"], session_bytes=self.knobs["session_bytes"],
+            lookup_entries=self.knobs["lookup_entries"],
+            content_lookup=self.knobs["content_lookup"])
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, **knobs: Any) -> "Tokenizer":
+        """Load a ``tokenizer.json`` (or a directory holding one and maybe tokenizer_config.json)."""
+        _validated(knobs)  # fail fast, before reading a large file
+        return cls(read_files(path), **knobs)
+
+    @classmethod
+    def default(cls, **knobs: Any) -> "Tokenizer":
+        """The bundled Qwen3 tokenizer (Apache-2.0)."""
+        _validated(knobs)
+        return cls(bundled_files(), **knobs)
+
+    def with_knobs(self, **knobs: Any) -> "Tokenizer":
+        """A tokenizer for the same file with other knobs and its own (empty) session state;
+        the loaded reference and tables are shared, so this is cheap."""
+        clone = object.__new__(Tokenizer)
+        clone.files, clone.reference, clone.admission = self.files, self.reference, self.admission
+        clone.knobs = _validated({**{k: v for k, v in self.knobs.items()}, **knobs})
+        clone._setup()
+        clone.rules = self.rules
+        return clone
+
+    def close(self) -> None:
+        """Stop the encoder threads (they are also stopped when the tokenizer is collected)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def __enter__(self) -> "Tokenizer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- encoding -------------------------------------------------------------------------
+
+    def encode(self, text: str, *, session: Hashable | None = None,
+               add_special_tokens: bool = True) -> memoryview:
+        """IDs of ``text``, exactly as ``reference.encode(text, add_special_tokens=...).ids``.
+
+        With ``session=key``, the text and IDs are kept: when the next text for the key extends
+        the stored one, only a short tail is re-encoded. Without a key, texts of 4096 UTF-8
+        bytes or more are looked up by content (knob ``content_lookup``).
+
+        >>> tok = Tokenizer.default()
+        >>> list(tok.encode("<|im_start|>user\\nhi<|im_end|>"))
+        [151644, 872, 198, 6023, 151645]
+        >>> turn1 = "<|im_start|>user\\nHello there<|im_end|>\\n"
+        >>> a = tok.encode(turn1, session="chat-1")
+        >>> b = tok.encode(turn1 + "<|im_start|>assistant\\nHi!", session="chat-1")
+        >>> list(b)[: len(a)] == list(a), tok.sessions.stats()["repairs"]
+        (True, 1)
+        """
+        if type(text) is not str or type(add_special_tokens) is not bool or self.rules is None:
+            return memoryview(self._whole(text, add_special_tokens))
+        if session is not None:
+            return self.sessions.encode_keyed(text, session, add_special_tokens)
+        if self.sessions.content_lookup and len(text) * 4 >= LOOKUP_MIN_BYTES:
+            try:
+                raw = text.encode("utf-8")
+            except UnicodeEncodeError:
+                raw = b""  # lone surrogates: the stateless route raises what the reference raises
+            if len(raw) >= LOOKUP_MIN_BYTES:
+                return self.sessions.encode_lookup(text, raw, add_special_tokens)
+        buf = self._encode_buffer(text)
+        if add_special_tokens:
+            return buf.view()
+        return buf.view(len(self.admission.prefix), buf.length - len(self.admission.suffix))
+
+    def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True
+                     ) -> list[memoryview]:
+        """:meth:`encode` for each text; the short ones go to the reference together.
+
+        >>> tok = Tokenizer.default()
+        >>> [list(v) for v in tok.encode_batch(["a b", "c"])]
+        [[64, 293], [66]]
+        """
+        if (not isinstance(texts, (list, tuple)) or type(add_special_tokens) is not bool
+                or any(type(t) is not str for t in texts)):
+            # Pairs, odd sequences and bad items: the reference decides (and raises its errors).
+            encs = self.reference.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
+            return [memoryview(ids_from_list(e.ids)) for e in encs]
+        threshold = self.knobs["chunk_threshold"] if self.rules is not None else math.inf
+        short = [i for i, t in enumerate(texts) if len(t) < threshold]
+        out: list[memoryview | None] = [None] * len(texts)
+        encs = self.reference.encode_batch_fast([texts[i] for i in short],
+                                                add_special_tokens=add_special_tokens)
+        for i, enc in zip(short, encs):
+            out[i] = memoryview(ids_from_list(enc.ids))
+        for i, text in enumerate(texts):
+            if out[i] is None:
+                out[i] = self.encode(text, add_special_tokens=add_special_tokens)
+        return out  # type: ignore[return-value]
+
+    # --- routes ---------------------------------------------------------------------------
+
+    def _whole(self, text, add_special_tokens) -> IdBuffer:
+        """One reference encode of the whole text, post-processing by the reference (the route
+        for files that are not admitted, and for input the reference must judge)."""
+        if type(text) is str and type(add_special_tokens) is bool:
+            try:
+                (enc,) = self.reference.encode_batch_fast([text],
+                                                          add_special_tokens=add_special_tokens)
+                return ids_from_list(enc.ids)
+            except Exception:
+                pass  # fall through: the reference's own encode raises its own exception
+        return ids_from_list(self.reference.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def _encode_body(self, text: str) -> list:
+        """int32 IDs of admitted text without post-processing, as a list of chunk buffers:
+        cut into chunks and encoded on the threads when long enough, else one encode."""
+        if len(text) >= self.knobs["chunk_threshold"]:
+            cuts = self._plan(text)
+            if cuts:
+                bounds = [0, *cuts, len(text)]
+                return self._map(self.encoder.encode,
+                                 [text[a:b] for a, b in zip(bounds, bounds[1:])])
+        return [self.encoder.encode(text)]
+
+    def _encode_buffer(self, text: str, headroom: int = 0) -> IdBuffer:
+        """prefix + IDs + suffix of admitted text in one buffer (with spare capacity)."""
+        try:
+            parts = self._encode_body(text)
+        except Exception:
+            # e.g. a lone surrogate: whatever the reference does with the whole text
+            return self._whole(text, True)
+        a = self.admission
+        return IdBuffer.concat(parts, a.prefix, a.suffix, headroom)
+
+    def _chunk_count(self, n: int) -> int:
+        return min(math.ceil(n / self.knobs["chunk_target"]), self.knobs["max_chunks"])
+
+    def _plan(self, text: str) -> list[int]:
+        n = len(text)
+        k = self._chunk_count(n)
+        if k < 2 or n < 256:
+            return []
+        min_chunk = max(16, min(1024, n // (4 * k)))
+        return self.rules.plan(text, k, min_chunk, self.knobs["scan_budget"])
+
+    def _map(self, fn, items: list) -> list:
+        if self.threads == 1 or len(items) == 1:
+            return [fn(x) for x in items]
+        return list(self._pool().map(fn, items))
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            with self._executor_lock:
+                if self._executor is None:
+                    ex = ThreadPoolExecutor(self.threads, thread_name_prefix="dtok-encode")
+                    weakref.finalize(self, ex.shutdown, wait=False)
+                    self._executor = ex
+        return self._executor
+
+    # --- introspection --------------------------------------------------------------------
+
+    def explain(self, text: str, *, session: Hashable | None = None) -> dict[str, Any]:
+        """Which route ``encode(text)`` takes, where it cuts, and why (changes no state).
+
+        >>> Tokenizer.default().explain("short text")["route"]
+        'whole'
+        """
+        info: dict[str, Any] = {
+            "chars": len(text) if isinstance(text, str) else None,
+            "admitted": self.admission.admitted,
+            "family": self.admission.family,
+            "encoder": self.encoder.name,
+            "cuts": [],
+        }
+        if type(text) is not str:
+            return {**info, "route": "reference", "why": "not a str: the reference decides"}
+        if self.rules is None:
+            return {**info, "route": "reference",
+                    "why": "not admitted: " + "; ".join(self.admission.reasons)}
+        if session is not None:
+            entry = self.sessions._keyed.get(session)
+            old = entry.text if entry is not None else None
+            if old is not None and text.startswith(old):
+                if len(text) == len(old):
+                    return {**info, "route": "session hit", "why": "same text as stored"}
+                b = self.rules.repair_cut(text, len(old), self.knobs["scan_budget"][-1])
+                if b >= 0:
+                    return {**info, "route": "session repair", "cuts": [b],
+                            "why": f"splice at {b}: re-encode {len(old) - b} old and "
+                                   f"{len(text) - b} new characters"}
+                info["session"] = "no safe cut near the end of the stored text: encode whole"
+            else:
+                info["session"] = "new session or the stored text is not a prefix: encode whole"
+        n = len(text)
+        if n < self.knobs["chunk_threshold"]:
+            return {**info, "route": "whole",
+                    "why": f"{n} chars < chunk_threshold {self.knobs['chunk_threshold']}"}
+        k = self._chunk_count(n)
+        t0 = time.perf_counter()
+        cuts = self._plan(text)
+        plan_ms = (time.perf_counter() - t0) * 1e3
+        bounds = [0, *cuts, n]
+        info.update(
+            requested_chunks=k, cuts=cuts, plan_ms=round(plan_ms, 3),
+            chunk_chars=[b - a for a, b in zip(bounds, bounds[1:])],
+            cut_kinds=[("special-token boundary" if self.rules.is_safe(text, c) == 1
+                        else "class transition") for c in cuts],
+        )
+        if not cuts:
+            return {**info, "route": "whole", "why": "no safe cut within the scan budget"}
+        return {**info, "route": "chunked",
+                "why": f"{len(cuts) + 1} chunks on {min(self.threads, len(cuts) + 1)} thread(s)"}
+
+    def __repr__(self) -> str:
+        a = self.admission
+        state = f"family={a.family}" if a.admitted else "not admitted"
+        return f"<dtok.Tokenizer {self.files.path} {state} encoder={self.encoder.name}>"

@@ -1,0 +1,185 @@
+"""int32 ID buffers: one allocation per result, filled from the encoder's output without a detour
+through numpy or per-item Python calls, exported read-only through the buffer protocol.
+
+An :class:`IdBuffer` counts the views it has exported. A session's buffer is spliced in place
+(its tail rewritten, maybe grown) only while no view of it is alive; otherwise the splice goes to a
+fresh buffer (copy on write), so a memoryview handed to a caller never changes under it.
+"""
+from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES, PyBUF_WRITABLE
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.long cimport PyLong_AsLong
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from libc.string cimport memcmp, memcpy
+
+cdef char* _FORMAT = b"i"
+
+
+cdef Py_ssize_t _put(int* out, object part) except -1:
+    """Write one part (list of ints, tuple, or C-contiguous int32 buffer) at out; its length."""
+    cdef Py_ssize_t j, n
+    cdef const int[::1] view
+    if type(part) is list:
+        n = PyList_GET_SIZE(part)
+        for j in range(n):
+            out[j] = <int>PyLong_AsLong(<object>PyList_GET_ITEM(part, j))
+        return n
+    if type(part) is tuple:
+        n = len(part)
+        for j in range(n):
+            out[j] = <int>part[j]
+        return n
+    view = part
+    n = view.shape[0]
+    if n:
+        memcpy(out, &view[0], n * sizeof(int))
+    return n
+
+
+cdef class IdBuffer:
+    """A growable int32 array that exports read-only views and knows whether any is alive.
+
+    >>> b = IdBuffer.concat([[1, 2], (3,)], prefix=(0,))
+    >>> list(memoryview(b)), b.exports
+    ([0, 1, 2, 3], 0)
+    >>> v = b.view(1)
+    >>> b.exports, list(v)
+    (1, [1, 2, 3])
+    >>> c = b.splice(2, [[7, 8]])      # a view is alive: copy on write
+    >>> c is b, list(v), list(memoryview(c))
+    (False, [1, 2, 3], [0, 1, 7, 8])
+    >>> del v
+    >>> b.splice(1, [[5]]) is b        # no view alive: in place
+    True
+    """
+
+    def __cinit__(self):
+        self.data = NULL
+        self.length = 0
+        self.capacity = 0
+        self.exports = 0
+
+    def __dealloc__(self):
+        PyMem_Free(self.data)
+
+    cdef int reserve(self, Py_ssize_t capacity) except -1:
+        cdef int* grown
+        if capacity <= self.capacity:
+            return 0
+        if self.exports:
+            raise BufferError("cannot grow an IdBuffer while a view of it is alive")
+        grown = <int*>PyMem_Realloc(self.data, max(capacity, 1) * sizeof(int))
+        if grown == NULL:
+            raise MemoryError()
+        self.data = grown
+        self.capacity = capacity
+        return 0
+
+    @staticmethod
+    def concat(parts, prefix=(), suffix=(), Py_ssize_t headroom=0):
+        """prefix + parts... + suffix in one new buffer, with `headroom` spare capacity."""
+        cdef IdBuffer out = IdBuffer()
+        cdef Py_ssize_t total = len(prefix) + len(suffix)
+        for p in parts:
+            total += len(p)
+        out.reserve(total + headroom)
+        out.length = _fill(out.data, parts, tuple(prefix), tuple(suffix))
+        return out
+
+    def splice(self, Py_ssize_t keep, parts, suffix=(), Py_ssize_t headroom=0):
+        """self[:keep] + parts... + suffix: in place when no view is alive and it fits,
+        otherwise in a new buffer (copy on write). Returns the buffer that holds the result."""
+        cdef IdBuffer out
+        cdef Py_ssize_t total = keep + len(suffix)
+        if keep < 0 or keep > self.length:
+            raise ValueError("keep out of range")
+        for p in parts:
+            total += len(p)
+        if self.exports == 0 and total <= self.capacity:
+            out = self
+        elif self.exports == 0:
+            self.reserve(total + headroom)
+            out = self
+        else:
+            out = IdBuffer()
+            out.reserve(total + headroom)
+            memcpy(out.data, self.data, keep * sizeof(int))
+        out.length = keep + _fill(out.data + keep, parts, (), tuple(suffix))
+        return out
+
+    def equals_at(self, Py_ssize_t pos, parts):
+        """self[pos:pos+n] equals the concatenated int32 parts (n their total length)."""
+        cdef const int[::1] view
+        cdef Py_ssize_t n
+        for p in parts:
+            view = p
+            n = view.shape[0]
+            if pos + n > self.length:
+                return False
+            if n and memcmp(self.data + pos, &view[0], n * sizeof(int)) != 0:
+                return False
+            pos += n
+        return True
+
+    def view(self, Py_ssize_t start=0, stop=None):
+        """Read-only memoryview of self[start:stop]."""
+        cdef Py_ssize_t end = self.length if stop is None else stop
+        return memoryview(self)[start:end]
+
+    def __len__(self):
+        return self.length
+
+    @property
+    def nbytes(self):
+        """Bytes held (capacity), for memory accounting."""
+        return self.capacity * sizeof(int)
+
+    def __getbuffer__(self, Py_buffer* buf, int flags):
+        cdef Py_ssize_t* dims
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("dtok ID buffers are read-only")
+        dims = <Py_ssize_t*>PyMem_Malloc(2 * sizeof(Py_ssize_t))  # shape, strides of this export
+        if dims == NULL:
+            raise MemoryError()
+        dims[0] = self.length
+        dims[1] = sizeof(int)
+        buf.buf = <void*>self.data
+        buf.obj = self
+        buf.len = self.length * sizeof(int)
+        buf.readonly = 1
+        buf.itemsize = sizeof(int)
+        buf.format = _FORMAT if flags & PyBUF_FORMAT else NULL
+        buf.ndim = 1
+        buf.shape = dims if flags & PyBUF_ND else NULL
+        buf.strides = dims + 1 if flags & PyBUF_STRIDES else NULL
+        buf.suboffsets = NULL
+        buf.internal = dims
+        self.exports += 1
+
+    def __releasebuffer__(self, Py_buffer* buf):
+        PyMem_Free(buf.internal)
+        self.exports -= 1
+
+
+cdef Py_ssize_t _fill(int* o, parts, tuple prefix, tuple suffix) except -1:
+    cdef Py_ssize_t pos = 0
+    pos += _put(o + pos, prefix)
+    for p in parts:
+        pos += _put(o + pos, p)
+    pos += _put(o + pos, suffix)
+    return pos
+
+
+def concat_ids(parts, prefix=(), suffix=()):
+    """prefix + parts[0] + parts[1] + ... + suffix as one IdBuffer.
+
+    Each part is a list of ints or an int32 buffer.
+
+    >>> list(memoryview(concat_ids([[1, 2], (3,)], prefix=(0,), suffix=(9,))))
+    [0, 1, 2, 3, 9]
+    """
+    return IdBuffer.concat(parts, prefix, suffix)
+
+
+def ids_from_list(list ids):
+    """IdBuffer from a list of ints (the reference's Encoding.ids)."""
+    return IdBuffer.concat((ids,))

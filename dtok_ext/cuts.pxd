@@ -1,0 +1,31 @@
+# The one safe-cut predicate, shared by chunked encoding and session repair.
+from dtok_ext.unicode_text cimport UText
+from dtok_ext.specials cimport SpecialMatcher
+
+# Layout of one class-table byte (one byte per code point, built by dtok.tables).
+cdef enum:
+    CLASS_MASK = 0x3F      # pre-tokenizer character class of the family
+    NFC_ANCHOR = 0x40      # the reference NFC normalizer always splits before this character
+    FAST_GUARD = 0x80      # the fast encoder is not trusted with this character
+
+cdef enum:
+    NOT_SAFE = 0
+    SAFE_AT_SPECIAL = 1    # at a boundary of an added-token occurrence the scan must select
+    SAFE_TRANSITION = 2    # accepted class transition, normalization checked
+    NEEDS_NFC = 3          # accepted raw transition; the NFC equation must still be checked
+
+cdef class CutRules:
+    cdef object _table
+    cdef const unsigned char* table
+    cdef unsigned char accept[64 * 64]
+    cdef readonly SpecialMatcher specials
+    cdef readonly bint nfc
+    cdef object _normalize
+    cdef public bint _check_nfc         # private test hooks: the control battery switches these off
+    cdef public bint _check_specials
+
+    cdef int verdict(self, const UText* t, Py_ssize_t b, Py_ssize_t limit) noexcept nogil
+    cdef int nfc_ok(self, str text, const UText* t, Py_ssize_t b, Py_ssize_t limit) except -1
+    cdef int resolve(self, str text, const UText* t, Py_ssize_t b, Py_ssize_t limit) except -1
+    cdef Py_ssize_t scan_back(self, str text, Py_ssize_t start, Py_ssize_t stop,
+                              Py_ssize_t limit) except -2

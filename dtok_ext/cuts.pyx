@@ -1,0 +1,188 @@
+"""Safe cuts: positions b where encode(S[:b]) + encode(S[b:]) == encode(S).
+
+One predicate (:meth:`CutRules.verdict`, completed by :meth:`CutRules.resolve` for NFC files) serves
+both chunked encoding (`limit = len(S)`) and session repair (`S` = the new text, `limit` = the
+length of the old text, so that every check except the special-token scan reads only old text).
+A position is safe when no occurrence of any added-token string covers it, and either
+
+* it is a boundary of an added-token occurrence that the reference's leftmost-longest scan must
+  select (an occurrence that starts at b, or ends at b and is not covered at its start); the
+  segments on both sides are then normalized and pre-tokenized separately by the reference; or
+* the characters at b-1 and b form an accepted class transition of the pre-tokenizer family, and,
+  for NFC files, the normalizer provably splits at b (anchors a < b < c where it always splits,
+  N(S[a:c]) == N(S[a:b]) + N(S[b:c])) and the transition still holds on the normalized characters.
+
+The argument for each family's transition set is in :mod:`dtok.families`.
+"""
+from dtok_ext.unicode_text cimport UText, uread, utext_of
+from dtok_ext.specials cimport SpecialMatcher
+
+cdef enum:
+    NFC_WINDOW = 256  # code points searched on each side of a cut for an NFC anchor
+
+
+cdef class CutRules:
+    """Cut predicate for one tokenizer: class table, accepted transitions, added tokens, NFC."""
+
+    def __init__(self, bytes table not None, bytes accept not None, SpecialMatcher specials not None,
+                 normalize=None):
+        if len(table) != 0x110000:
+            raise ValueError("class table must have one byte per code point")
+        if len(accept) != 64 * 64:
+            raise ValueError("transition matrix must be 64 x 64")
+        self._table = table
+        self.table = <const unsigned char*>table
+        for i in range(64 * 64):
+            self.accept[i] = accept[i]
+        self.specials = specials
+        self.nfc = normalize is not None
+        self._normalize = normalize
+        self._check_nfc = True
+        self._check_specials = True
+
+    cdef int verdict(self, const UText* t, Py_ssize_t b, Py_ssize_t limit) noexcept nogil:
+        cdef unsigned char x, y, z
+        if b <= 0 or b >= limit or b >= t.length:
+            return NOT_SAFE
+        if self._check_specials and self.specials.max_len:
+            if self.specials.covers(t, b):
+                return NOT_SAFE
+            if self.specials.starts_at(t, b, limit) or self.specials.ends_at_unshadowed(t, b):
+                return SAFE_AT_SPECIAL
+        x = self.table[uread(t, b - 1)]
+        y = self.table[uread(t, b)]
+        if not self.accept[(x & CLASS_MASK) * 64 + (y & CLASS_MASK)]:
+            return NOT_SAFE
+        if not self.nfc or not self._check_nfc:
+            return SAFE_TRANSITION
+        # Fast path: S[b-1], S[b] and S[b+1] (or the true end) are anchors, so the normalizer
+        # splits at b and leaves both boundary characters as they are.
+        if (x & NFC_ANCHOR) and (y & NFC_ANCHOR):
+            if b + 1 == t.length:
+                return SAFE_TRANSITION
+            if b + 1 < limit:
+                z = self.table[uread(t, b + 1)]
+                if z & NFC_ANCHOR:
+                    return SAFE_TRANSITION
+        return NEEDS_NFC
+
+    cdef int nfc_ok(self, str text, const UText* t, Py_ssize_t b, Py_ssize_t limit) except -1:
+        cdef Py_ssize_t a = -1, c = -1, i, lo, hi
+        cdef unsigned char x, y
+        lo = b - NFC_WINDOW
+        if lo < 0:
+            lo = 0
+        i = b - 1
+        while i >= lo:
+            if self.table[uread(t, i)] & NFC_ANCHOR:
+                a = i
+                break
+            i -= 1
+        if a < 0:
+            if b > NFC_WINDOW:
+                return 0
+            a = 0  # the start of the text splits too
+        hi = b + NFC_WINDOW
+        if hi > limit - 1:
+            hi = limit - 1
+        i = b + 1
+        while i <= hi:
+            if self.table[uread(t, i)] & NFC_ANCHOR:
+                c = i
+                break
+            i += 1
+        if c < 0:
+            if limit != t.length or t.length - b > NFC_WINDOW:
+                return 0
+            c = t.length  # the true end of the text
+        # The anchors must lie in the same added-token segment as b.
+        if self._check_specials and self.specials.touches(t, a, c):
+            return 0
+        left = self._normalize(text[a:b])
+        right = self._normalize(text[b:c])
+        if self._normalize(text[a:c]) != left + right or not left or not right:
+            return 0
+        x = self.table[ord(left[len(left) - 1])]
+        y = self.table[ord(right[0])]
+        return self.accept[(x & CLASS_MASK) * 64 + (y & CLASS_MASK)] != 0
+
+    cdef int resolve(self, str text, const UText* t, Py_ssize_t b, Py_ssize_t limit) except -1:
+        cdef int v = self.verdict(t, b, limit)
+        if v == NEEDS_NFC:
+            return SAFE_TRANSITION if self.nfc_ok(text, t, b, limit) else NOT_SAFE
+        return v
+
+    cdef Py_ssize_t scan_back(self, str text, Py_ssize_t start, Py_ssize_t stop,
+                              Py_ssize_t limit) except -2:
+        """First safe cut in start, start-1, ..., stop; -1 if none."""
+        cdef UText t = utext_of(text)
+        cdef Py_ssize_t b = start
+        cdef int v
+        if stop < 1:
+            stop = 1
+        while b >= stop:
+            with nogil:
+                while b >= stop:
+                    v = self.verdict(&t, b, limit)
+                    if v != NOT_SAFE:
+                        break
+                    b -= 1
+            if b < stop:
+                break
+            if v != NEEDS_NFC or self.nfc_ok(text, &t, b, limit):
+                return b
+            b -= 1
+        return -1
+
+    # Python surface (planner, repair, tests, explain)
+
+    def is_safe(self, str text not None, Py_ssize_t b, limit=None):
+        """Verdict for position b: 0 not safe, 1 safe at an added token, 2 safe transition."""
+        cdef UText t = utext_of(text)
+        cdef Py_ssize_t lim = len(text) if limit is None else limit
+        return self.resolve(text, &t, b, lim)
+
+    def safe_positions(self, str text not None, limit=None):
+        """Every safe cut of `text` (for the exactness battery)."""
+        cdef UText t = utext_of(text)
+        cdef Py_ssize_t lim = len(text) if limit is None else limit
+        cdef Py_ssize_t b
+        return [b for b in range(1, len(text)) if self.resolve(text, &t, b, lim) != NOT_SAFE]
+
+    def scan(self, str text not None, Py_ssize_t start, Py_ssize_t stop, limit=None):
+        return self.scan_back(text, start, stop, len(text) if limit is None else limit)
+
+    def plan(self, str text not None, int k, Py_ssize_t min_chunk, budgets):
+        """Cuts for k chunks: from each tentative cut floor(i*N/k) scan backward, stage by stage
+        through `budgets` (e.g. (48, 4096)), for a safe cut that leaves no chunk shorter than
+        `min_chunk`. A missed cut leaves its text with the preceding chunk."""
+        cdef Py_ssize_t n = len(text), prev = 0, target, hi, lo_limit, stage_hi, stage_lo, b
+        cuts = []
+        for i in range(1, k):
+            target = i * n // k
+            hi = min(target, n - min_chunk)
+            lo_limit = prev + min_chunk
+            b = -1
+            stage_hi = hi
+            for budget in budgets:
+                stage_lo = max(hi - budget, lo_limit)
+                if stage_lo > stage_hi:
+                    continue
+                b = self.scan_back(text, stage_hi, stage_lo, n)
+                if b >= 0:
+                    break
+                stage_hi = stage_lo - 1
+            if b >= 0:
+                cuts.append(b)
+                prev = b
+        return cuts
+
+    def repair_cut(self, str new not None, Py_ssize_t old_len, Py_ssize_t budget):
+        """Latest position b <= old_len that is safe in both old = new[:old_len] and new; -1 if
+        none within `budget` characters. b == old_len means the old IDs are kept whole."""
+        cdef UText t = utext_of(new)
+        if old_len <= 0 or old_len > len(new):
+            return -1
+        if old_len < len(new) and self.resolve(new, &t, old_len, len(new)) != NOT_SAFE:
+            return old_len
+        return self.scan_back(new, old_len - 1, old_len - budget, old_len)

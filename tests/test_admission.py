@@ -1,0 +1,79 @@
+"""Structural admission: the four main files are admitted, the four small ones are not."""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+import dtok
+from conftest import FAMILY_OF, OTHER_FILES, load_tokenizer, read_text, ref_ids, shared_path
+
+QWEN3_SHA = "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"
+
+NOT_ADMITTED_BECAUSE = {
+    "phi3-mini": ["rstrip", "normalizer"],
+    "roberta-base": ["lstrip", "RobertaProcessing"],
+    "t5-small": ["Unigram", "Precompiled"],
+    "bert-base-uncased": ["WordPiece", "BertNormalizer"],
+}
+
+
+def test_main_files_are_admitted(main_tok):
+    name = next(k for k, v in FAMILY_OF.items() if v == main_tok.admission.family)
+    a = main_tok.admission
+    assert a.admitted and a.family == FAMILY_OF[name]
+    assert a.sha256 == hashlib.sha256(shared_path("tokenizers", name, "tokenizer.json")
+                                      .read_bytes()).hexdigest()
+    assert main_tok.rules is not None
+
+
+def test_admission_details():
+    assert load_tokenizer("qwen3").admission.nfc
+    assert load_tokenizer("llama3").admission.prefix == (128000,)
+    assert not load_tokenizer("deepseek-v3").admission.prefix  # the bare file adds no BOS
+    assert any("normalized=true" in r for r in load_tokenizer("deepseek-v3").admission.reasons)
+
+
+@pytest.mark.parametrize("name", OTHER_FILES)
+def test_small_files_are_not_admitted_and_still_exact(name):
+    tok = load_tokenizer(name, chunk_threshold=1000, chunk_target=200)
+    a = tok.admission
+    assert not a.admitted and tok.rules is None
+    joined = " ".join(a.reasons)
+    for word in NOT_ADMITTED_BECAUSE[name]:
+        assert word in joined, (word, a.reasons)
+    text = read_text("prose", "gutenberg-972_devils-dictionary.txt")[:5000] + " <s> </s> <mask>"
+    for special in (True, False):
+        assert list(tok.encode(text, add_special_tokens=special)) == ref_ids(tok, text, special)
+    ex = tok.explain(text)
+    assert ex["route"] == "reference" and "not admitted" in ex["why"]
+
+
+def test_default_is_bundled_qwen3():
+    tok = dtok.Tokenizer.default()
+    assert tok.admission.admitted and tok.admission.family == "qwen2"
+    assert tok.admission.sha256 == QWEN3_SHA
+    assert tok.files.config is not None and "chat_template" in tok.files.config
+
+
+def test_directory_and_file_paths(tmp_path):
+    d = shared_path("tokenizers", "llama3")
+    a = dtok.Tokenizer.from_file(d).admission
+    b = dtok.Tokenizer.from_file(d / "tokenizer.json").admission
+    assert a.sha256 == b.sha256 and a.admitted
+    with pytest.raises(FileNotFoundError):
+        dtok.Tokenizer.from_file(tmp_path / "missing")
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        dtok.Tokenizer.from_file(tmp_path)
+
+
+def test_unknown_knob_and_bad_values():
+    with pytest.raises(TypeError, match="unknown knob"):
+        dtok.Tokenizer.default(chunk_size=5)
+    with pytest.raises(ValueError):
+        dtok.Tokenizer.default(chunk_target=0)
+    with pytest.raises(ValueError):
+        dtok.Tokenizer.default(threads=-1)
+    with pytest.raises(ValueError):
+        dtok.Tokenizer.default(scan_budget=(-1,))

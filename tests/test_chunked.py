@@ -1,0 +1,74 @@
+"""Chunk-parallel encoding of real long texts with the default knobs."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import load_tokenizer, read_text, ref_ids
+
+LONG = {
+    "prose": lambda: read_text("prose", "gutenberg-2701_moby-dick.txt")[:400_000],
+    "code": lambda: read_text("code", "javascript__lodash__lodash.js.txt")[:300_000],
+    "multilingual": lambda: read_text("multilingual", "udhr_all-languages_concatenated.txt")[
+        1_000_000:1_400_000],
+    "nfd": lambda: read_text("adversarial", "udhr_mixed_NFD.txt"),
+    "crlf": lambda: read_text("adversarial", "ws_mixed-line-endings_moby-dick.txt") * 2,
+}
+
+
+@pytest.mark.parametrize("kind", list(LONG))
+@pytest.mark.parametrize("name", ["qwen3", "llama3", "deepseek-v3", "gpt-oss"])
+def test_long_text_exact(name, kind):
+    tok = load_tokenizer(name)
+    text = LONG[kind]()
+    ex = tok.explain(text)
+    assert ex["route"] == "chunked" and len(ex["cuts"]) >= 1, ex
+    assert sum(ex["chunk_chars"]) == len(text)
+    for special in (True, False):
+        assert list(tok.encode(text, add_special_tokens=special)) == ref_ids(tok, text, special)
+
+
+def test_result_is_readonly_int32(main_tok):
+    text = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:50_000]
+    view = main_tok.encode(text)
+    assert view.format == "i" and view.itemsize == 4 and view.ndim == 1 and view.readonly
+    with pytest.raises(TypeError):
+        view[0] = 1
+
+
+def test_explain_reports_plan():
+    tok = load_tokenizer("llama3")
+    text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:1_000_000]
+    ex = tok.explain(text)
+    assert ex["route"] == "chunked" and ex["requested_chunks"] == 16
+    assert len(ex["cuts"]) == 15 and all(k == "class transition" for k in ex["cut_kinds"])
+    assert ex["cuts"] == sorted(ex["cuts"])
+    assert min(ex["chunk_chars"]) >= 1024
+    assert tok.explain("short")["route"] == "whole"
+
+
+def test_added_token_boundaries_are_cuts():
+    """Text whose only safe cuts are at added tokens (CR LF runs: no accepted transition)."""
+    tok = load_tokenizer("qwen3", chunk_threshold=1000, chunk_target=500)
+    text = ("<|im_start|>" + "\r\n" * 150) * 10
+    ex = tok.explain(text)
+    assert ex["route"] == "chunked" and set(ex["cut_kinds"]) == {"special-token boundary"}
+    assert list(tok.encode(text)) == ref_ids(tok, text)
+
+
+def test_nfc_text_is_cut_exactly():
+    tok = load_tokenizer("qwen3", chunk_threshold=1000, chunk_target=300)
+    text = ("e\u0301" * 200 + " \u0958/" + "\u1100\u1161\u11a8" * 50 + "\r\n") * 8
+    ex = tok.explain(text)
+    assert ex["route"] == "chunked"
+    assert list(tok.encode(text)) == ref_ids(tok, text)
+
+
+def test_single_thread_and_batch():
+    tok = load_tokenizer("gpt-oss", threads=1, chunk_threshold=4096, chunk_target=1024)
+    texts = [read_text("code", "go__fzf__src_pattern.go.txt"), "", "short", "x" * 5000,
+             read_text("multilingual", "udhr_jpn.txt")]
+    got = tok.encode_batch(texts)
+    assert [list(v) for v in got] == [ref_ids(tok, t) for t in texts]
+    pairs = [("a", "b")]
+    assert [list(v) for v in tok.encode_batch(pairs)] == [
+        e.ids for e in tok.reference.encode_batch(pairs)]

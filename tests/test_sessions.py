@@ -1,0 +1,236 @@
+"""Sessions: keyed and content-lookup continuations, repaired at a safe cut, stable views."""
+from __future__ import annotations
+
+import json
+import random
+import threading
+
+import pytest
+
+import dtok
+from conftest import MAIN_FILES, load_tokenizer, read_text, ref_ids, ref_ids_many, shared_path
+from dtok.chat import detect_style, render_turns
+
+TRANSCRIPTS = [
+    "minisweagent-gemini3pro__django__django-15103.json",
+    "minisweagent-deepseek-toolcalls__deepseek_chat_test_1-100__django__django-13660.json",
+]
+
+
+def transcript(name: str, messages: int = 40) -> list[dict]:
+    """The first `messages` messages of a real agent transcript."""
+    return json.loads(shared_path("corpus", "transcripts", name).read_bytes())[:messages]
+
+
+def fresh(name: str, **knobs) -> dtok.Tokenizer:
+    """A tokenizer with empty session state (the loaded reference is shared)."""
+    return load_tokenizer(name).with_knobs(**knobs)
+
+
+@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("transcript_name", TRANSCRIPTS)
+def test_replay_transcript_keyed(name, transcript_name):
+    tok = fresh(name)
+    style = detect_style(tok.admission.added_tokens)
+    turns = render_turns(transcript(transcript_name), style)
+    want = {True: ref_ids_many(tok, turns, True), False: ref_ids_many(tok, turns, False)}
+    for i, text in enumerate(turns):
+        special = i % 3 != 2
+        got = tok.encode(text, session="s", add_special_tokens=special)
+        assert list(got) == want[special][i], f"turn {i}"
+    s = tok.sessions.stats()
+    assert s["repairs"] >= len(turns) - 2 and s["fallbacks"] == 0, s
+
+
+@pytest.mark.parametrize("name", MAIN_FILES)
+def test_replay_transcript_content_lookup(name):
+    tok = fresh(name)
+    turns = render_turns(transcript(TRANSCRIPTS[0]), detect_style(tok.admission.added_tokens))
+    for text, want in zip(turns, ref_ids_many(tok, turns)):
+        assert list(tok.encode(text)) == want
+    s = tok.sessions.stats()
+    long_turns = sum(len(t.encode()) >= 4096 for t in turns)
+    assert s["lookups"] == long_turns and s["repairs"] >= long_turns - 1, s
+    assert s["content"] == 1  # each extension replaced the entry it extended
+
+
+# Appends that split something across the turn boundary: (end of old text, start of append).
+SPLITS = [
+    ("word   ", "   next"),  # a whitespace run
+    ("line\r", "\nnext"),  # CRLF
+    ("it'", "s here"),  # a contraction
+    ("don", "'t"),
+    ("cafe", "\u0301 au lait"),  # a decomposed accent
+    ("\U0001f469\u200d", "\U0001f469\u200d\U0001f467 family"),  # emoji ZWJ
+    ("12", "345"),  # a digit run
+    ("x \u0958", "/y"),
+    ("\u1100", "\u1161\u11a8"),  # Hangul jamo
+    ("a'l", "L"),  # o200k: a contraction inside a word
+]
+
+
+@pytest.mark.parametrize("name", MAIN_FILES)
+def test_appends_split_tricky_boundaries(name):
+    tok = fresh(name)
+    base = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:3000]
+    specials = [t for t in tok.admission.added_tokens if len(t) > 2][:5]
+    splits = SPLITS + [(t[: len(t) // 2], t[len(t) // 2:] + " after") for t in specials]
+    for i, (left, right) in enumerate(splits):
+        old = base + left
+        new = old + right + " and more text."
+        for text in (old, new, new + left, new + left + right):
+            assert list(tok.encode(text, session=i)) == ref_ids(tok, text), (left, right)
+
+
+def test_decomposed_accent_in_history_keeps_repairing_cheaply():
+    tok = fresh("qwen3")
+    text = "Re\u0301sume\u0301 of the first turn.\n" + read_text("prose", "gutenberg-2701_moby-dick.txt")[:20000]
+    assert list(tok.encode(text, session="k")) == ref_ids(tok, text)
+    appends = read_text("prose", "gutenberg-972_devils-dictionary.txt")[5000:25000]
+    for i in range(50):
+        text += appends[i * 400 : (i + 1) * 400]
+        assert list(tok.encode(text, session="k")) == ref_ids(tok, text)
+    s = tok.sessions.stats()
+    assert s["repairs"] == 50 and s["fallbacks"] == 0 and s["full_encodes"] == 1, s
+
+
+def test_views_never_change_under_the_caller():
+    tok = fresh("llama3")
+    text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:10000]
+    v1 = tok.encode(text, session="v")
+    snapshot = list(v1)
+    entry = tok.sessions._keyed["v"]
+    buf1 = entry.buf
+    v2 = tok.encode(text + " more words", session="v")  # v1 alive: copy on write
+    assert list(v1) == snapshot and entry.buf is not buf1
+    assert v1.readonly and v2.readonly
+    buf2 = entry.buf
+    del v2
+    tok.encode(text + " more words and more", session="v")  # nothing alive: in place
+    assert entry.buf is buf2
+    w = tok.encode(text, session="v")  # not a prefix of the stored text: full encode
+    assert list(w) == snapshot
+
+
+def test_special_tokens_views_share_one_buffer():
+    tok = fresh("llama3")
+    text = "<|start_header_id|>user<|end_header_id|>\n\nhello" * 50
+    a = tok.encode(text, session="s")
+    b = tok.encode(text, session="s", add_special_tokens=False)
+    assert list(a) == ref_ids(tok, text, True) and list(b) == ref_ids(tok, text, False)
+    assert a.obj is b.obj and list(a)[0] == 128000
+    assert tok.sessions.stats()["hits"] == 1
+
+
+def test_concurrent_sessions_and_eviction_in_flight():
+    tok = fresh("qwen3", session_bytes=400_000, max_sessions=6)
+    src = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")
+    errors = []
+
+    def client(worker: int) -> None:
+        rng = random.Random(worker)
+        try:
+            for step in range(25):
+                key = rng.randrange(10)  # several threads share keys: serialized per session
+                start = key * 20000
+                end = start + 5000 + step * rng.randrange(50, 500)
+                text = src[start:end]
+                got = tok.encode(text, session=key, add_special_tokens=bool(step % 2))
+                if list(got) != ref_ids(tok, text, bool(step % 2)):
+                    errors.append((worker, key, step))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=client, args=(w,)) for w in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    s = tok.sessions.stats()
+    assert s["evictions"] > 0 and s["keyed"] <= 6
+    assert s["text_bytes"] + s["id_bytes"] <= 400_000 + 200_000  # one in-flight entry may exceed
+
+
+def test_lookup_confirms_bytes_before_reuse(monkeypatch):
+    """A digest collision may waste work but never changes IDs."""
+    tok = fresh("gpt-oss")
+    import dtok.sessions as sessions
+
+    class Colliding:
+        def __init__(self, *a, **k):
+            pass
+
+        def update(self, data):
+            pass
+
+        def copy(self):
+            return self
+
+        def digest(self):
+            return b"\0" * 16
+
+    monkeypatch.setattr(sessions.hashlib, "blake2b", Colliding)
+    a = read_text("code", "go__fzf__src_pattern.go.txt")
+    b = read_text("code", "shell__fzf__shell_key-bindings.zsh.txt")
+    for text in (a, b, b + a[:100], a + b[:100]):
+        assert list(tok.encode(text)) == ref_ids(tok, text)
+
+
+def test_short_texts_are_not_stored():
+    tok = fresh("qwen3")
+    tok.encode("short text " * 100)
+    assert len(tok.sessions) == 0
+    tok.encode("x" * 5000)
+    assert len(tok.sessions) == 1
+    off = fresh("qwen3", content_lookup=False)
+    off.encode("x" * 5000)
+    assert len(off.sessions) == 0
+
+
+def test_store_bounds_and_management():
+    tok = fresh("qwen3", max_sessions=3, lookup_entries=2)
+    base = read_text("prose", "gutenberg-972_devils-dictionary.txt")
+    for k in range(5):
+        tok.encode(base[k * 100 : k * 100 + 6000], session=f"k{k}")
+    for k in range(4):
+        tok.encode(base[50000 + k * 7000 : 50000 + k * 7000 + 6000])
+    s = tok.sessions.stats()
+    assert s["keyed"] == 3 and s["content"] == 2 and s["evictions"] == 4
+    assert "k4" in tok.sessions and "k0" not in tok.sessions
+    assert tok.sessions.drop("k4") and not tok.sessions.drop("k4")
+    tok.sessions.clear()
+    assert len(tok.sessions) == 0 and tok.sessions.stats()["id_bytes"] == 0
+
+
+def test_state_per_session_is_ids_plus_small_constant():
+    tok = fresh("llama3")
+    text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:400_000]
+    tok.encode(text, session="m")
+    for i in range(20):
+        text += " appended words number %d." % i
+        tok.encode(text, session="m")
+    n = len(ref_ids(tok, text))
+    assert tok.sessions.stats()["id_bytes"] <= 4 * n * 1.07 + 8192
+
+
+def test_bad_input_leaves_session_intact():
+    tok = fresh("qwen3")
+    text = "hello world " * 500
+    tok.encode(text, session="b")
+    with pytest.raises(TypeError):
+        tok.encode(text + "\ud800", session="b")
+    with pytest.raises(TypeError):
+        tok.encode("\udfff" * 10, session="new")
+    assert "new" not in tok.sessions
+    assert list(tok.encode(text + "!", session="b")) == ref_ids(tok, text + "!")
+    assert tok.sessions.stats()["repairs"] == 1
+
+
+def test_explain_session_route():
+    tok = fresh("qwen3")
+    text = "Some words. " * 1000
+    tok.encode(text, session="e")
+    assert tok.explain(text, session="e")["route"] == "session hit"
+    ex = tok.explain(text + "More.", session="e")
+    assert ex["route"] == "session repair" and ex["cuts"][0] <= len(text)
