@@ -3,11 +3,13 @@
 
     python benches/bench_chunked.py [--size 1000000] [--repeats 5] [--threads 2]
                                     [--tokenizers qwen3 llama3 ...] [--kinds code multilingual]
+                                    [--encoder reference|auto]
 
 For each tokenizer and kind of text, every repeat takes a distinct document and times, in
 alternating order: the reference's plain ``encode(x).ids``; the reference's ``encode_batch_fast``
 of the whole text (no offsets: the fastest whole-text reference call); and dtok's chunked encode
-on --threads threads (planning included). It also times the planner alone. Prints medians and
+on --threads threads (planning included), with the reference as chunk encoder by default
+(``--encoder auto`` for the fast encoder; see bench_fast.py). It also times the planner alone. Prints medians and
 P99, the ratios, and writes bench-results/chunked.json.
 """
 from __future__ import annotations
@@ -37,15 +39,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokenizers", nargs="*", default=["qwen3", "llama3", "deepseek-v3", "gpt-oss"])
     ap.add_argument("--kinds", nargs="*", default=["code", "multilingual"])
+    ap.add_argument("--encoder", default="reference", choices=["reference", "auto", "fast"])
     args = ap.parse_args()
     info = machine()
     print(f"# {info['cpu']}, {info['cpus_usable']} usable CPUs, load {info['loadavg_at_start']}, "
           f"tokenizers {info['tokenizers']}, {info['date']}")
     print(f"# {args.size:,} chars per document, {args.repeats} distinct documents, "
-          f"dtok threads={args.threads}")
+          f"dtok threads={args.threads}, encoder={args.encoder}")
     rows = []
     for name in args.tokenizers:
-        tok = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name, threads=args.threads)
+        tok = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name, threads=args.threads,
+                                       encoder=args.encoder, content_lookup=False)
         ref = tok.reference
         for kind in args.kinds:
             docs = documents(kind, args.size, args.repeats + 1)

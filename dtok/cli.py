@@ -24,9 +24,10 @@ def _load(path: str | None, **knobs) -> dtok.Tokenizer:
         raise CliError(str(exc)) from None
 
 
-def demo_text() -> str:
-    """Public-domain prose shipped with the package (see dtok/data/demo/NOTICE)."""
-    data = resources.files("dtok") / "data" / "demo" / "devils-dictionary.txt.gz"
+def demo_text(name: str = "devils-dictionary.txt") -> str:
+    """Real text shipped with the package (see dtok/data/demo/NOTICE): public-domain prose
+    (Bierce, The Devil's Dictionary) and source code (ripgrep, Unlicense)."""
+    data = resources.files("dtok") / "data" / "demo" / f"{name}.gz"
     return gzip.decompress(data.read_bytes()).decode("utf-8")
 
 
@@ -39,22 +40,68 @@ def _best_of(fn, n: int = 3):
     return best, out
 
 
+def demo_turns(tok: dtok.Tokenizer, turns: int) -> list[str]:
+    """A session that grows turn by turn: user turns quote prose and code, assistant turns
+    answer; rendered with the tokenizer's own chat markers."""
+    from dtok.chat import STYLES, detect_style, render_turns
+
+    try:
+        style = detect_style(tok.admission.added_tokens)
+    except ValueError:
+        style = None
+    prose = demo_text()
+    code = demo_text("ripgrep-walk.rs") + demo_text("ripgrep-glob.rs")
+    messages = [{"role": "system", "content": "You are a careful reviewer of prose and code."}]
+    for i in range(turns):
+        src = code if i % 2 else prose
+        piece = src[(i // 2) * 9000 : (i // 2) * 9000 + 9000]
+        messages.append({"role": "user", "content": f"Review this excerpt ({i}):\n{piece}"})
+        messages.append({"role": "assistant", "content": prose[-(i + 1) * 700 : -i * 700 or None]})
+    if style is None or style not in STYLES:
+        out, text = [], ""
+        for m in messages:
+            text += m["content"] + "\n"
+            out.append(text)
+        return out[2::2]
+    return render_turns(messages, style)[2::2]
+
+
 def cmd_demo(args) -> int:
     tok = _load(args.tokenizer)
+    ref = tok.reference
     print(f"dtok {dtok.__version__} - {tok!r}")
     print(f"admission: {'admitted' if tok.admission.admitted else 'NOT admitted'} "
           f"({'; '.join(tok.admission.reasons)})")
+    stats = tok.stats()
+    print(f"encoder: {stats['encoder']} ({'; '.join(stats['notes'])})")
+    ok = True
+    print(f"\n1. an agent session growing turn by turn (shipped prose and code), session key 'demo'")
+    print(f"{'turn':>4} {'chars':>9} {'route':>15} {'dtok ms':>9} {'reference ms':>13} "
+          f"{'ratio':>7}  identical")
+    for i, text in enumerate(demo_turns(tok, args.turns)):
+        route = tok.explain(text, session="demo")["route"]
+        t0 = time.perf_counter()
+        ids = tok.encode(text, session="demo")
+        t_dtok = time.perf_counter() - t0
+        t_ref, want = _best_of(lambda: ref.encode(text).ids, 1)
+        same = list(ids) == want
+        ok &= same
+        print(f"{i:>4} {len(text):>9,} {route:>15} {t_dtok * 1e3:>9.2f} {t_ref * 1e3:>13.1f} "
+              f"{t_ref / t_dtok:>6.0f}x  {'yes' if same else 'NO'}")
     prose = demo_text()
     doc = (prose * (1 + args.chars // len(prose)))[: args.chars]
-    print(f"\nlong stateless document: {len(doc):,} characters of public-domain prose")
-    t_ref, ref = _best_of(lambda: tok.reference.encode(doc).ids)
-    t_dtok, ids = _best_of(lambda: tok.encode(doc))
-    ex = tok.explain(doc)
-    same = list(ids) == ref
-    print(f"  route {ex['route']} ({ex['why']})")
-    print(f"  reference {t_ref * 1e3:8.1f} ms   dtok {t_dtok * 1e3:8.1f} ms   "
-          f"ratio x{t_ref / t_dtok:.2f}   tokens {len(ref):,}   identical: {'yes' if same else 'NO'}")
-    return 0 if same else 1
+    print(f"\n2. one long stateless document: {len(doc):,} characters of shipped prose "
+          "(content lookup off, best of 3 each)")
+    stateless = tok.with_knobs(content_lookup=False)
+    t_ref, want = _best_of(lambda: ref.encode(doc).ids)
+    t_dtok, ids = _best_of(lambda: stateless.encode(doc))
+    ex = stateless.explain(doc)
+    same = list(ids) == want
+    ok &= same
+    print(f"   route {ex['route']} ({ex['why']})")
+    print(f"   reference {t_ref * 1e3:8.1f} ms   dtok {t_dtok * 1e3:8.1f} ms   "
+          f"ratio x{t_ref / t_dtok:.1f}   tokens {len(want):,}   identical: {'yes' if same else 'NO'}")
+    return 0 if ok else 1
 
 
 def _read_input(path: str | None) -> str:
@@ -95,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="encode shipped real text with dtok and the reference, side by side")
     p.add_argument("--tokenizer", help="tokenizer.json or its directory (default: bundled Qwen3)")
     p.add_argument("--chars", type=int, default=1_000_000, help="length of the long document")
+    p.add_argument("--turns", type=int, default=12, help="turns of the demo session")
     p.set_defaults(fn=cmd_demo)
 
     p = sub.add_parser("encode", help="print the IDs of a file (or stdin)")

@@ -1,22 +1,39 @@
 """Chunk encoders: text of an admitted tokenizer -> int32 IDs, without post-processing.
 
 Every route that encodes a piece of text (chunked encode, session repair, pool workers) goes
-through one :class:`ChunkEncoder`. The reference encoder asks ``tokenizers`` for IDs without
-offsets (``encode_batch_fast``, which also releases the GIL) and copies them into one int32 array.
+through a :class:`ChunkEncoder`. Two exist:
+
+* :class:`ReferenceEncoder`, the ``tokenizers`` library itself (``encode_batch_fast``: no offsets,
+  the GIL released), its ID list copied once into an int32 buffer;
+* :class:`FastEncoder`, ``fastokens`` (Apache-2.0), a native BPE encoder that reads the same
+  ``tokenizer.json`` and returns IDs as one flat little-endian uint32 buffer, used zero-copy.
+  It is trusted only behind guards (:mod:`dtok.guards`) and after its loaded vocabulary, added
+  tokens and post-processing are compared with the reference's.
 """
 from __future__ import annotations
 
-from array import array
+import os
+import sys
+from contextlib import contextmanager
 from typing import Protocol
 
 from dtok_ext.buffers import ids_from_list
+
+FASTOKENS_VERSION = "0.3.5"  # the version the guard tables and the verification were built for
+
+# fastokens reads these at construction: a whole-input cache and a segment cache are cross-call
+# state dtok does not need, so they are removed from the environment while it loads.
+_FASTOKENS_CACHE_VARS = ("FASTOKENS_INPUT_CACHE", "FASTOKENS_SEGMENT_CACHE")
 
 
 class ChunkEncoder(Protocol):
     name: str
 
-    def encode(self, text: str) -> array:
-        """int32 IDs of ``text`` (no special-token post-processing)."""
+    def encode(self, text: str):
+        """int32 IDs of ``text`` (no post-processing), as a C-contiguous int32 buffer."""
+
+    def encode_many(self, texts: list[str]) -> list:
+        """:meth:`encode` for several texts at once."""
 
 
 class ReferenceEncoder:
@@ -27,10 +44,105 @@ class ReferenceEncoder:
     def __init__(self, reference) -> None:
         self.reference = reference
 
-    def encode(self, text: str) -> array:
+    def encode(self, text: str):
         (enc,) = self.reference.encode_batch_fast([text], add_special_tokens=False)
         return ids_from_list(enc.ids)
 
-    def encode_many(self, texts: list[str]) -> list[array]:
+    def encode_many(self, texts: list[str]) -> list:
         return [ids_from_list(e.ids) for e in
                 self.reference.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+class FastEncoderError(RuntimeError):
+    """fastokens is missing, another version, or does not load the file as the reference does."""
+
+
+def fastokens_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("fastokens")
+    except Exception:
+        return None
+
+
+@contextmanager
+def _without_cache_env():
+    saved = {k: os.environ.pop(k) for k in _FASTOKENS_CACHE_VARS if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+class FastEncoder:
+    """``fastokens`` on the same file, caches off, checked against the reference at load."""
+
+    name = "fastokens"
+
+    def __init__(self, raw_json: str, reference) -> None:
+        version = fastokens_version()
+        if version is None:
+            raise FastEncoderError("fastokens is not installed (pip install 'dtok[fast]')")
+        if version != FASTOKENS_VERSION:
+            raise FastEncoderError(f"fastokens {version} is installed; dtok's guards and checks "
+                                   f"are for {FASTOKENS_VERSION}")
+        import fastokens
+
+        with _without_cache_env():
+            self.native = fastokens.Tokenizer.from_json_str(raw_json)
+        self.native.enable_segment_cache(0)
+        self.version = version
+        verify_light(self.native, reference)
+        self.native.encode_batch_flat(["warm up the lazy state " * 20], add_special_tokens=False)
+
+    def encode(self, text: str):
+        ids, _offsets = self.native.encode_batch_flat([text], add_special_tokens=False)
+        return memoryview(ids).cast("i") if sys.byteorder == "little" else _swap(ids)
+
+    def encode_many(self, texts: list[str]) -> list:
+        ids, offsets = self.native.encode_batch_flat(texts, add_special_tokens=False)
+        if sys.byteorder != "little":
+            flat = _swap(ids)
+        else:
+            flat = memoryview(ids).cast("i")
+        ends = memoryview(offsets).cast("Q")
+        return [flat[ends[i]:ends[i + 1]] for i in range(len(texts))]
+
+
+def _swap(ids: bytes):  # pragma: no cover - big-endian hosts only
+    from array import array
+
+    a = array("i")
+    a.frombytes(ids)
+    a.byteswap()
+    return memoryview(a)
+
+
+# A short text that touches every stage: NFC, digits, contractions, CJK, whitespace, emoji.
+_SAMPLE = ("The quick brown fox's 12345 jumps — cafe\u0301 ﬁ \u0958/ 中文テキスト 한국어 \r\n\t "
+           "  x\u00a0y \U0001f469\u200d\U0001f469\u200d\U0001f467 HTTPServer don't I'LL ") * 3
+
+
+def verify_light(native, reference) -> None:
+    """The loaded vocabulary, added tokens and post-processing match the reference's."""
+    n = reference.get_vocab_size(with_added_tokens=True)
+    if native.vocab_size != n:
+        raise FastEncoderError(f"vocabulary size {native.vocab_size} != reference {n}")
+    step = max(1, n // 4096)
+    for i in range(0, n, step):
+        if native.id_to_token(i) != reference.id_to_token(i):
+            raise FastEncoderError(f"token {i} differs: {native.id_to_token(i)!r}")
+    ref_added = {i: (t.content, t.special, t.normalized, t.lstrip, t.rstrip, t.single_word)
+                 for i, t in reference.get_added_tokens_decoder().items()}
+    fast_added = {}
+    for t in native.added_tokens():
+        fast_added[t["id"]] = (t["content"], t["special"], t["normalized"], t["lstrip"],
+                               t["rstrip"], t["single_word"])
+    if fast_added != ref_added:
+        raise FastEncoderError("added tokens differ from the reference's")
+    text = _SAMPLE + "".join(v[0] for v in ref_added.values())
+    for special in (False, True):
+        ids, _ = native.encode_batch_flat([text], add_special_tokens=special)
+        if memoryview(ids).cast("I").tolist() != reference.encode(text, add_special_tokens=special).ids:
+            raise FastEncoderError("sample text encodes differently from the reference")

@@ -2,7 +2,10 @@
 
 Byte layout (see ``dtok_ext/cuts.pxd``): bits 0-5 the family's character class (0 = BLOCK: a
 surrogate, or a class the stored transition set does not know, never cut next to), bit 6 the NFC
-anchor flag, bit 7 reserved for the fast encoder's guard.
+anchor flag, bit 7 the fast encoder's guard: here the code points the reference's regex engine
+treats as unassigned (``\\p{Cn}``) and the surrogates, where a fast encoder with other Unicode
+data would most likely disagree; :mod:`dtok.guards` adds, per tokenizer file, every code point
+where a probe found the fast encoder disagreeing with the reference.
 
 Tables depend on the installed ``tokenizers`` (its regex engine's and normalizer's Unicode data),
 so they are stored keyed by its version. A table built for another version is never used: the
@@ -24,7 +27,7 @@ from dtok.families import FAMILIES, Family
 
 log = logging.getLogger("dtok")
 
-SCHEMA = 1
+SCHEMA = 2
 N_CODEPOINTS = 0x110000
 CLASS_MASK = 0x3F
 NFC_ANCHOR = 0x40
@@ -32,6 +35,7 @@ FAST_GUARD = 0x80
 BLOCK = 0  # class id 0
 
 BUNDLED_DIR = Path(__file__).parent / "data" / "tables"
+UNASSIGNED = r"\p{Cn}"
 _SURROGATES = slice(0xD800, 0xE000)
 _PROBE_BLOCK = 8192  # the reference's Split is much faster on short strings than on one long one
 
@@ -152,6 +156,10 @@ def build_table(family: Family, classes: list[str], anchor: np.ndarray | None = 
     if anchor is None:
         anchor = nfc_anchor_mask()
     table[anchor] |= NFC_ANCHOR
+    if UNASSIGNED not in masks:
+        masks[UNASSIGNED] = probe_atom(UNASSIGNED)
+    table[masks[UNASSIGNED]] |= FAST_GUARD
+    table[_SURROGATES] |= FAST_GUARD
     return table.tobytes(), unknown
 
 

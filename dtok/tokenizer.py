@@ -1,6 +1,7 @@
 """The public :class:`Tokenizer`: the reference's IDs, faster on long texts."""
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -9,15 +10,17 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Hashable, Sequence
 
-from dtok import tables
+from dtok import guards, tables
 from dtok.admission import Admission, TokenizerFiles, admit, bundled_files, read_files
-from dtok.encoders import ReferenceEncoder
+from dtok.encoders import FastEncoder, FastEncoderError, ReferenceEncoder, fastokens_version
 from dtok.sessions import LOOKUP_MIN_BYTES, SessionStore
 from dtok_ext.buffers import IdBuffer, ids_from_list
 from dtok_ext.cuts import CutRules
 from dtok_ext.specials import SpecialMatcher
 
 __all__ = ["Tokenizer", "KNOBS"]
+
+log = logging.getLogger("dtok")
 
 #: Operator knobs and their defaults (the paper's parameters, supplement S6.2).
 KNOBS: dict[str, Any] = {
@@ -30,7 +33,9 @@ KNOBS: dict[str, Any] = {
     "max_sessions": 4096,  # keyed sessions kept
     "session_bytes": 128 << 20,  # text + IDs kept for sessions and content lookup (LRU)
     "lookup_entries": 1024,  # content-lookup entries kept (oldest dropped first)
+    "encoder": "auto",  # "auto" (fast where admitted and guarded), "fast", "reference"
 }
+ENCODERS = ("auto", "fast", "reference")
 
 
 def _available_cpus() -> int:
@@ -58,6 +63,8 @@ def _validated(knobs: dict[str, Any]) -> dict[str, Any]:
     if not budget or any(type(b) is not int or b < 0 for b in budget):
         raise ValueError(f"scan_budget must be non-negative ints, got {k['scan_budget']!r}")
     k["scan_budget"] = budget
+    if k["encoder"] not in ENCODERS:
+        raise ValueError(f"encoder must be one of {ENCODERS}, got {k['encoder']!r}")
     if type(k["content_lookup"]) is not bool:
         raise ValueError(f"content_lookup must be a bool, got {k['content_lookup']!r}")
     return k
@@ -88,18 +95,57 @@ class Tokenizer:
         self.reference = _Reference.from_str(files.raw.decode("utf-8"))
         self.admission: Admission = admit(files, self.reference)
         self.rules: CutRules | None = None
+        self._fast: FastEncoder | None = None
+        self.encoder_notes: list[str] = []
         if self.admission.admitted:
             t = tables.load(self.admission.family)
+            table = t.table
+            if self.knobs["encoder"] != "reference":
+                self._fast, guard = self._load_fast()
+                if guard is not None:
+                    table = guards.guarded_table(table, guard)
             self.rules = CutRules(
-                t.table, t.accept, SpecialMatcher(self.admission.added_tokens),
+                table, t.accept, SpecialMatcher(self.admission.added_tokens),
                 self.reference.normalizer.normalize_str if self.admission.nfc else None,
             )
+        elif self.knobs["encoder"] == "fast":
+            raise FastEncoderError("encoder='fast' needs an admitted file: "
+                                   + "; ".join(self.admission.reasons))
         self._setup()
+
+    def _load_fast(self) -> tuple[FastEncoder | None, "guards.GuardTable | None"]:
+        """The fast encoder and its guard table, or (None, None) and a note saying why not."""
+        strict = self.knobs["encoder"] == "fast"
+        version = fastokens_version()
+        guard = guards.load(self.admission.sha256, version) if version else None
+        if guard is None and not strict:
+            self.encoder_notes.append(
+                "fastokens is not installed (pip install 'dtok[fast]')" if version is None else
+                "no guard table for this file and versions (build one: dtok guards PATH)")
+            return None, None
+        try:
+            fast = FastEncoder(self.files.raw.decode("utf-8"), self.reference)
+        except FastEncoderError as exc:
+            if strict:
+                raise
+            self.encoder_notes.append(f"fast encoder refused: {exc}")
+            return None, None
+        if guard is None:
+            log.warning("dtok: building the fast encoder's guard table for %s (minutes)",
+                        self.files.path)
+            guard = guards.build(self.reference, fast, self.admission.sha256,
+                                 progress=lambda msg: log.info("dtok guards: %s", msg))
+        self.encoder_notes.append(f"fastokens {fast.version}, guard table {guard.source} "
+                                  f"({len(guard.disagree)} disagreeing code points + unassigned)")
+        return fast, guard
 
     def _setup(self) -> None:
         """Per-instance state that knobs decide: threads, encoder, sessions."""
         self.threads = self.knobs["threads"] or _available_cpus()
-        self.encoder = ReferenceEncoder(self.reference)
+        self.ref_encoder = ReferenceEncoder(self.reference)
+        use_fast = self._fast is not None and self.knobs["encoder"] != "reference"
+        self.encoder = self._fast if use_fast else self.ref_encoder
+        self._pieces = {"fast": 0, "reference": 0}
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
         self.sessions = SessionStore(
@@ -122,11 +168,16 @@ class Tokenizer:
     def with_knobs(self, **knobs: Any) -> "Tokenizer":
         """A tokenizer for the same file with other knobs and its own (empty) session state;
         the loaded reference and tables are shared, so this is cheap."""
+        merged = _validated({**self.knobs, **knobs})
+        if merged["encoder"] != "reference" and self._fast is None and self.admission.admitted \
+                and self.knobs["encoder"] == "reference":
+            return Tokenizer(self.files, **merged)  # the fast encoder was never loaded
         clone = object.__new__(Tokenizer)
         clone.files, clone.reference, clone.admission = self.files, self.reference, self.admission
-        clone.knobs = _validated({**{k: v for k, v in self.knobs.items()}, **knobs})
+        clone.rules, clone._fast = self.rules, self._fast
+        clone.encoder_notes = list(self.encoder_notes)
+        clone.knobs = merged
         clone._setup()
-        clone.rules = self.rules
         return clone
 
     def close(self) -> None:
@@ -189,13 +240,17 @@ class Tokenizer:
             # Pairs, odd sequences and bad items: the reference decides (and raises its errors).
             encs = self.reference.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
             return [memoryview(ids_from_list(e.ids)) for e in encs]
-        threshold = self.knobs["chunk_threshold"] if self.rules is not None else math.inf
-        short = [i for i, t in enumerate(texts) if len(t) < threshold]
+        if self.rules is None:
+            encs = self.reference.encode_batch_fast(list(texts),
+                                                    add_special_tokens=add_special_tokens)
+            return [memoryview(ids_from_list(e.ids)) for e in encs]
+        a = self.admission
+        prefix, suffix = (a.prefix, a.suffix) if add_special_tokens else ((), ())
         out: list[memoryview | None] = [None] * len(texts)
-        encs = self.reference.encode_batch_fast([texts[i] for i in short],
-                                                add_special_tokens=add_special_tokens)
-        for i, enc in zip(short, encs):
-            out[i] = memoryview(ids_from_list(enc.ids))
+        short = [i for i, t in enumerate(texts) if len(t) < self.knobs["chunk_threshold"]]
+        parts = self._encode_pieces([texts[i] for i in short], batch=True)
+        for i, part in zip(short, parts):
+            out[i] = memoryview(IdBuffer.concat((part,), prefix, suffix))
         for i, text in enumerate(texts):
             if out[i] is None:
                 out[i] = self.encode(text, add_special_tokens=add_special_tokens)
@@ -217,14 +272,67 @@ class Tokenizer:
 
     def _encode_body(self, text: str) -> list:
         """int32 IDs of admitted text without post-processing, as a list of chunk buffers:
-        cut into chunks and encoded on the threads when long enough, else one encode."""
+        cut into chunks when long enough, each chunk routed to the fast encoder or the
+        reference."""
         if len(text) >= self.knobs["chunk_threshold"]:
             cuts = self._plan(text)
             if cuts:
                 bounds = [0, *cuts, len(text)]
-                return self._map(self.encoder.encode,
-                                 [text[a:b] for a, b in zip(bounds, bounds[1:])])
-        return [self.encoder.encode(text)]
+                return self._encode_pieces([text[a:b] for a, b in zip(bounds, bounds[1:])])
+        return self._encode_pieces([text])
+
+    def _encode_pieces(self, pieces: list[str], batch: bool = False) -> list:
+        """Encode independent pieces (chunks of one text, or a batch of short texts); with the
+        fast encoder, guarded pieces go to the reference, on the thread pool while the fast
+        encoder runs in this thread."""
+        if not pieces:
+            return []
+        if self.encoder is self.ref_encoder:
+            self._count(reference=len(pieces))
+            if batch:
+                return self.ref_encoder.encode_many(pieces)
+            return self._map(self.ref_encoder.encode, pieces)
+        to_ref = [i for i, p in enumerate(pieces) if self._route(p) is not None]
+        self._count(fast=len(pieces) - len(to_ref), reference=len(to_ref))
+        if not to_ref:
+            return self.encoder.encode_many(pieces)
+        out: list = [None] * len(pieces)
+        pending = {}
+        if batch:
+            for i, ids in zip(to_ref, self.ref_encoder.encode_many([pieces[i] for i in to_ref])):
+                out[i] = ids
+        elif self.threads > 1 and (len(to_ref) > 1 or len(to_ref) < len(pieces)):
+            pool = self._pool()
+            pending = {i: pool.submit(self.ref_encoder.encode, pieces[i]) for i in to_ref}
+        else:
+            for i in to_ref:
+                out[i] = self.ref_encoder.encode(pieces[i])
+        skip = set(to_ref)
+        fast_idx = [i for i in range(len(pieces)) if i not in skip]
+        if fast_idx:
+            for i, ids in zip(fast_idx, self.encoder.encode_many([pieces[i] for i in fast_idx])):
+                out[i] = ids
+        for i, fut in pending.items():
+            out[i] = fut.result()
+        return out
+
+    def _count(self, fast: int = 0, reference: int = 0) -> None:
+        with self._executor_lock:
+            self._pieces["fast"] += fast
+            self._pieces["reference"] += reference
+
+    def _route(self, piece: str) -> str | None:
+        """None when the fast encoder may take this piece, else why it goes to the reference."""
+        kind, pos = self.rules.route(piece)
+        if kind == 0:
+            return None
+        if kind == 1:
+            return f"guard character U+{ord(piece[pos]):04X} at {pos}"
+        windows = self.rules.nfc_windows(piece)
+        joined = "\n".join(piece[a:c] for a, c in windows)
+        if self.reference.normalizer.normalize_str(joined) == joined:
+            return None
+        return f"not NFC (first non-anchor character at {pos})"
 
     def _encode_buffer(self, text: str, headroom: int = 0) -> IdBuffer:
         """prefix + IDs + suffix of admitted text in one buffer (with spare capacity)."""
@@ -297,7 +405,7 @@ class Tokenizer:
                 info["session"] = "new session or the stored text is not a prefix: encode whole"
         n = len(text)
         if n < self.knobs["chunk_threshold"]:
-            return {**info, "route": "whole",
+            return {**info, "route": "whole", "chunk_routes": self._routes_of([text]),
                     "why": f"{n} chars < chunk_threshold {self.knobs['chunk_threshold']}"}
         k = self._chunk_count(n)
         t0 = time.perf_counter()
@@ -310,10 +418,28 @@ class Tokenizer:
             cut_kinds=[("special-token boundary" if self.rules.is_safe(text, c) == 1
                         else "class transition") for c in cuts],
         )
+        info["chunk_routes"] = self._routes_of([text[a:b] for a, b in zip(bounds, bounds[1:])])
         if not cuts:
             return {**info, "route": "whole", "why": "no safe cut within the scan budget"}
-        return {**info, "route": "chunked",
-                "why": f"{len(cuts) + 1} chunks on {min(self.threads, len(cuts) + 1)} thread(s)"}
+        routes = info["chunk_routes"]
+        n_ref = sum(r != "fast" for r in routes)
+        if self.encoder is self.ref_encoder:
+            why = f"{len(routes)} chunks on {min(self.threads, len(routes))} thread(s)"
+        else:
+            why = (f"{len(routes)} chunks: {len(routes) - n_ref} to {self.encoder.name} in one "
+                   f"call, {n_ref} to the reference")
+        return {**info, "route": "chunked", "why": why}
+
+    def _routes_of(self, pieces: list[str]) -> list[str]:
+        if self.encoder is self.ref_encoder:
+            return ["reference"] * len(pieces)
+        routes = [self._route(p) for p in pieces]
+        return ["fast" if r is None else "reference: " + r for r in routes]
+
+    def stats(self) -> dict[str, Any]:
+        """The encoder in use, why, and how many pieces each encoder took so far."""
+        return {"encoder": self.encoder.name, "notes": list(self.encoder_notes),
+                "fast_pieces": self._pieces["fast"], "reference_pieces": self._pieces["reference"]}
 
     def __repr__(self) -> str:
         a = self.admission

@@ -177,6 +177,52 @@ cdef class CutRules:
                 prev = b
         return cuts
 
+    # Routing for the fast encoder: may a piece of text go to it, or must it go to the reference?
+
+    def route(self, str text not None, Py_ssize_t start=0, end=None):
+        """(0, -1) when text[start:end] may go to the fast encoder; (1, i) when text[i] is a guard
+        character; (2, i) when text[i] is not an NFC anchor (NFC files: call nfc_windows and
+        check that the reference normalizer leaves them unchanged)."""
+        cdef UText t = utext_of(text)
+        cdef Py_ssize_t i, stop = t.length if end is None else end
+        cdef Py_ssize_t first_non_anchor = -1
+        cdef unsigned char c
+        cdef bint nfc = self.nfc
+        with nogil:
+            for i in range(start, stop):
+                c = self.table[uread(&t, i)]
+                if c & FAST_GUARD:
+                    break
+                if nfc and first_non_anchor < 0 and not (c & NFC_ANCHOR):
+                    first_non_anchor = i
+            else:
+                i = -1
+        if i >= 0:
+            return 1, i
+        if first_non_anchor >= 0:
+            return 2, first_non_anchor
+        return 0, -1
+
+    def nfc_windows(self, str text not None, Py_ssize_t start=0, end=None):
+        """The stretches of text[start:end] that NFC can change: each from the anchor before a
+        non-anchor character to the next anchor (the normalizer splits before every anchor, so
+        the text is NFC exactly when each of these is)."""
+        cdef UText t = utext_of(text)
+        cdef Py_ssize_t i, stop = t.length if end is None else end
+        cdef Py_ssize_t last_anchor = start, win_start = -1
+        out = []
+        for i in range(start, stop):
+            if self.table[uread(&t, i)] & NFC_ANCHOR:
+                if win_start >= 0:
+                    out.append((win_start, i))
+                    win_start = -1
+                last_anchor = i
+            elif win_start < 0:
+                win_start = last_anchor
+        if win_start >= 0:
+            out.append((win_start, stop))
+        return out
+
     def repair_cut(self, str new not None, Py_ssize_t old_len, Py_ssize_t budget):
         """Latest position b <= old_len that is safe in both old = new[:old_len] and new; -1 if
         none within `budget` characters. b == old_len means the old IDs are kept whole."""

@@ -1,0 +1,164 @@
+"""The fast encoder behind its guards: routes, confinement of the fallback, loading checks."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import dtok
+from conftest import MAIN_FILES, ROOT, load_tokenizer, read_text, ref_ids, ref_ids_many, shared_path
+from dtok import guards
+from dtok.chat import detect_style, render_turns
+from dtok.encoders import FastEncoder, FastEncoderError, fastokens_version
+
+
+@pytest.fixture(autouse=True)
+def _need_fastokens():
+    if fastokens_version() is None:
+        if os.environ.get("CI"):
+            pytest.fail("fastokens (the test extra) must be installed in CI")
+        pytest.skip("fastokens not installed")
+
+
+def fast_tok(name: str, **knobs) -> dtok.Tokenizer:
+    tok = load_tokenizer(name, **knobs)
+    assert tok.encoder.name == "fastokens", tok.stats()
+    return tok
+
+
+@pytest.mark.parametrize("name", MAIN_FILES)
+def test_auto_uses_fast_encoder_with_shipped_guards(name):
+    tok = fast_tok(name)
+    assert "guard table" in " ".join(tok.stats()["notes"])
+    assert dtok.Tokenizer.from_file(shared_path("tokenizers", name),
+                                    encoder="reference").encoder.name == "reference"
+
+
+@pytest.mark.parametrize("name", MAIN_FILES)
+def test_real_text_differential(name):
+    """Code, prose, multilingual and adversarial text through the fast route, whole and chunked."""
+    tok = fast_tok(name, chunk_threshold=65536, chunk_target=16384)
+    texts = [
+        read_text("code", "rust__ripgrep__crates_core_flags_defs.rs.txt")[:200_000],
+        read_text("prose", "gutenberg-3261_news-from-nowhere.txt")[:200_000],
+        read_text("multilingual", "udhr_all-languages_concatenated.txt")[2_000_000:2_300_000],
+        read_text("adversarial", "blns_big-list-of-naughty-strings.txt"),
+        read_text("adversarial", "ws_long-whitespace-runs_moby-dick.txt"),
+    ]
+    for text, want in zip(texts, ref_ids_many(tok, texts)):
+        assert list(tok.encode(text)) == want
+    assert tok.stats()["fast_pieces"] > 10
+
+
+def test_guarded_chunk_goes_to_reference_alone():
+    """One decomposed accent in a long Qwen3 text: only its chunk pays a reference encode."""
+    tok = fast_tok("qwen3", content_lookup=False)
+    text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:600_000]
+    text = text[:300_000] + "Cafe\u0301" + text[300_000:]
+    ex = tok.explain(text)
+    routes = ex["chunk_routes"]
+    assert ex["route"] == "chunked" and len(routes) == 10
+    assert sum(r != "fast" for r in routes) == 1 and "not NFC" in " ".join(routes)
+    before = tok.stats()
+    assert list(tok.encode(text)) == ref_ids(tok, text)
+    after = tok.stats()
+    assert after["reference_pieces"] - before["reference_pieces"] == 1
+    assert after["fast_pieces"] - before["fast_pieces"] == 9
+
+
+def test_unassigned_code_point_is_guarded():
+    tok = fast_tok("llama3")
+    text = "abc \u0378 def"  # U+0378 is unassigned
+    assert tok.explain(text)["chunk_routes"][0].startswith("reference: guard character U+0378")
+    assert list(tok.encode(text)) == ref_ids(tok, text)
+    assert tok.explain("abc def")["chunk_routes"] == ["fast"]
+
+
+def test_nfc_text_with_marks_stays_fast():
+    tok = fast_tok("qwen3")
+    # NFC Devanagari and Thai, full of combining vowel signs: the NFC check passes them
+    text = read_text("multilingual", "udhr_mar.txt") + read_text("multilingual", "udhr_tha.txt")
+    assert tok.explain(text)["chunk_routes"] == ["fast"]
+    assert list(tok.encode(text)) == ref_ids(tok, text)
+    hindi = read_text("multilingual", "udhr_hin.txt")  # not NFC (nukta letters): the reference
+    assert tok.explain(hindi)["chunk_routes"][0].startswith("reference: not NFC")
+    assert list(tok.encode(hindi)) == ref_ids(tok, hindi)
+
+
+def test_probe_disagreement_becomes_a_guard():
+    """A code point listed in the guard table is routed to the reference."""
+    tok = fast_tok("gpt-oss")
+    fake = guards.GuardTable("x", "v", "v", (ord("q"),), {}, "test")
+    table = guards.guarded_table(dtok.tables.load("o200k").table, fake)
+    from dtok_ext.cuts import CutRules
+
+    rules = CutRules(table, dtok.tables.load("o200k").accept, tok.rules.specials, None)
+    assert rules.route("plain q text") == (1, 6)
+    assert tok.rules.route("plain q text") == (0, -1)
+
+
+def test_probe_finds_no_disagreement_on_a_sample():
+    tok = fast_tok("deepseek-v3")
+    sep = guards._separator(tok.reference)
+    cps = list(range(0x20, 0x3000)) + list(range(0x1F600, 0x1F650))
+    for ctx in guards.CONTEXTS[:3]:
+        assert list(guards._probe_context(tok.reference, tok.encoder, ctx, cps, sep)) == []
+
+
+def test_fast_encoder_refuses_a_different_file():
+    base = load_tokenizer("qwen3")
+    from tokenizers import AddedToken, Tokenizer
+
+    other = Tokenizer.from_str(base.files.raw.decode())
+    other.add_tokens([AddedToken("<extra>", special=True)])
+    with pytest.raises(FastEncoderError, match="vocabulary size|added tokens"):
+        FastEncoder(base.files.raw.decode(), other)
+
+
+def test_cache_variables_are_kept_out(monkeypatch):
+    import fastokens
+
+    seen = {}
+    real = fastokens.Tokenizer.from_json_str
+
+    def spy(raw, *a, **k):
+        seen.update({v: os.environ.get(v) for v in ("FASTOKENS_INPUT_CACHE",
+                                                     "FASTOKENS_SEGMENT_CACHE")})
+        return real(raw, *a, **k)
+
+    monkeypatch.setattr(fastokens.Tokenizer, "from_json_str", staticmethod(spy))
+    monkeypatch.setenv("FASTOKENS_INPUT_CACHE", "1")
+    monkeypatch.setenv("FASTOKENS_SEGMENT_CACHE", "64")
+    base = load_tokenizer("llama3")
+    enc = FastEncoder(base.files.raw.decode(), base.reference)
+    assert seen == {"FASTOKENS_INPUT_CACHE": None, "FASTOKENS_SEGMENT_CACHE": None}
+    assert os.environ["FASTOKENS_INPUT_CACHE"] == "1"  # restored for the caller
+    assert enc.native.segment_cache_stats() is None
+
+
+def test_no_cross_call_state():
+    """A session's appends replayed in one process give what fresh processes give."""
+    name = "qwen3"
+    tok = fast_tok(name, content_lookup=False, chunk_threshold=8192, chunk_target=4096)
+    turns = render_turns(json.loads(shared_path(
+        "corpus", "transcripts", "sweagent-demo-ctf-rev__rock.json").read_bytes()),
+        detect_style(tok.admission.added_tokens))
+    here = [list(tok.encode(t)) for t in turns]  # every turn encoded whole: no session reuse
+    assert here == ref_ids_many(tok, turns)
+    script = (
+        "import json, sys, dtok\n"
+        "tok = dtok.Tokenizer.from_file(sys.argv[1], content_lookup=False,"
+        " chunk_threshold=8192, chunk_target=4096)\n"
+        "assert tok.encoder.name == 'fastokens'\n"
+        "texts = json.load(sys.stdin)\n"
+        "print(json.dumps([list(tok.encode(t)) for t in texts]))\n"
+    )
+    for pick in (turns[-1:], turns[len(turns) // 2 : len(turns) // 2 + 1], turns[::-7]):
+        proc = subprocess.run([sys.executable, "-c", script, str(shared_path("tokenizers", name))],
+                              input=json.dumps(pick), capture_output=True, text=True,
+                              cwd=ROOT, check=True)
+        fresh = json.loads(proc.stdout)
+        assert fresh == [here[turns.index(t)] for t in pick]
