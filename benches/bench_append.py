@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--appends", type=int, default=200)
     ap.add_argument("--append-chars", type=int, default=400)
     ap.add_argument("--tokenizers", nargs="*", default=["qwen3", "llama3"])
+    ap.add_argument("--encoder", default="auto", choices=["reference", "auto", "fast"])
     ap.add_argument("--ref-samples", type=int, default=0,
                     help="reference encodes per size (default: all below 200K chars, else 5)")
     args = ap.parse_args()
@@ -63,7 +64,7 @@ def main() -> None:
           f"tokenizers {info['tokenizers']}, {info['date']}")
     rows = []
     for name in args.tokenizers:
-        base = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name)
+        base = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name, encoder=args.encoder)
         longest = max(args.sizes) + args.appends * args.append_chars
         src = stream(base, longest)
         dtok_at = {}
@@ -99,7 +100,8 @@ def main() -> None:
             row["ratio"] = row["reference_full_encode"]["median_ms"] / row["dtok"]["median_ms"]
             dtok_at[size] = row["dtok"]["median_ms"]
             rows.append(row)
-            print(f"{name:7s} {size:>9,} chars  dtok median {row['dtok']['median_ms']:.3f} ms "
+            row["encoder"] = tok.encoder.name
+            print(f"{name:7s} {tok.encoder.name:9s} {size:>9,} chars  dtok median {row['dtok']['median_ms']:.3f} ms "
                   f"p99 {row['dtok']['p99_ms']:.3f} ms | reference {row['reference_full_encode']['median_ms']:9.1f} ms "
                   f"(n={checked}) | x{row['ratio']:,.0f} | exact={exact} repairs={st['repairs']} "
                   f"fallbacks={st['fallbacks']} | {row['id_mb_per_100k_tokens']:.3f} MB IDs/100K tokens",
@@ -108,7 +110,7 @@ def main() -> None:
             flat = dtok_at[1_000_000] / dtok_at[16_000]
             print(f"{name}: flatness 1M/16K = {flat:.2f}")
             rows.append({"tokenizer": name, "flatness_1M_over_16K": flat})
-    path = write_json("append.json", {"machine": info, "args": vars(args), "rows": rows})
+    path = write_json(f"append-{args.encoder}.json", {"machine": info, "args": vars(args), "rows": rows})
     print("wrote", path)
 
 

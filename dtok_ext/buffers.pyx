@@ -134,30 +134,40 @@ cdef class IdBuffer:
         return self.capacity * sizeof(int)
 
     def __getbuffer__(self, Py_buffer* buf, int flags):
-        cdef Py_ssize_t* dims
-        if flags & PyBUF_WRITABLE:
-            raise BufferError("dtok ID buffers are read-only")
-        dims = <Py_ssize_t*>PyMem_Malloc(2 * sizeof(Py_ssize_t))  # shape, strides of this export
-        if dims == NULL:
-            raise MemoryError()
-        dims[0] = self.length
-        dims[1] = sizeof(int)
-        buf.buf = <void*>self.data
-        buf.obj = self
-        buf.len = self.length * sizeof(int)
-        buf.readonly = 1
-        buf.itemsize = sizeof(int)
-        buf.format = _FORMAT if flags & PyBUF_FORMAT else NULL
-        buf.ndim = 1
-        buf.shape = dims if flags & PyBUF_ND else NULL
-        buf.strides = dims + 1 if flags & PyBUF_STRIDES else NULL
-        buf.suboffsets = NULL
-        buf.internal = dims
+        fill_int32_export(buf, self, self.data, self.length, flags)
         self.exports += 1
 
     def __releasebuffer__(self, Py_buffer* buf):
-        PyMem_Free(buf.internal)
+        release_int32_export(buf)
         self.exports -= 1
+
+
+cdef int fill_int32_export(Py_buffer* buf, object owner, void* data, Py_ssize_t length,
+                           int flags) except -1:
+    cdef Py_ssize_t* dims
+    if flags & PyBUF_WRITABLE:
+        raise BufferError("dtok ID buffers are read-only")
+    dims = <Py_ssize_t*>PyMem_Malloc(2 * sizeof(Py_ssize_t))  # shape, strides of this export
+    if dims == NULL:
+        raise MemoryError()
+    dims[0] = length
+    dims[1] = sizeof(int)
+    buf.buf = data
+    buf.obj = owner
+    buf.len = length * sizeof(int)
+    buf.readonly = 1
+    buf.itemsize = sizeof(int)
+    buf.format = _FORMAT if flags & PyBUF_FORMAT else NULL
+    buf.ndim = 1
+    buf.shape = dims if flags & PyBUF_ND else NULL
+    buf.strides = dims + 1 if flags & PyBUF_STRIDES else NULL
+    buf.suboffsets = NULL
+    buf.internal = dims
+    return 0
+
+
+cdef void release_int32_export(Py_buffer* buf) noexcept:
+    PyMem_Free(buf.internal)
 
 
 cdef Py_ssize_t _fill(int* o, parts, tuple prefix, tuple suffix) except -1:

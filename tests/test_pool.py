@@ -1,0 +1,260 @@
+"""The shared-memory worker pool: exact on every path, failure-safe, leaves nothing behind."""
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import dtok
+from battery import battery_texts
+from conftest import MAIN_FILES, ROOT, load_tokenizer, read_text, ref_ids, ref_ids_many, shared_path
+from dtok.chat import detect_style, render_turns
+
+from dtok.pool import Pool, PoolError, shm
+from dtok_ext.heap import TaskHeap
+
+
+def pool_names(prefix: str | None = None) -> set[str]:
+    names = {n for n in os.listdir("/dev/shm") if n.startswith(("dtok-", "sem.dtok-"))}
+    return {n for n in names if prefix is None or prefix in n}
+
+
+@pytest.fixture(scope="module")
+def pools():
+    """One small pool per main file, shared by the tests of this module."""
+    made = {}
+
+    def get(name):
+        if name not in made:
+            made[name] = Pool(load_tokenizer(name), workers=2, name=f"test-{name}",
+                              chunk_threshold=4096, chunk_target=2048)
+        return made[name]
+
+    yield get
+    for p in made.values():
+        p.close()
+
+
+@pytest.mark.parametrize("name", MAIN_FILES)
+def test_stateless_and_chunked_exact(pools, name):
+    pool = pools(name)
+    tok = pool.tokenizer
+    texts = ["", "Hello, world!", "\r\n\t  x", read_text("code", "go__fzf__src_pattern.go.txt"),
+             "".join(battery_texts(tok, n_random=60, n_windows=20, seed=5))]
+    for special in (True, False):
+        got = [pool.submit(t, add_special_tokens=special) for t in texts]
+        for text, fut, want in zip(texts, got, ref_ids_many(tok, texts, special)):
+            assert list(fut.result()) == want, text[:50]
+    assert pool.stats()["chunked"] >= 2
+
+
+@pytest.mark.parametrize("name", MAIN_FILES)
+def test_session_replay_through_pool(pools, name):
+    pool = pools(name)
+    tok = pool.tokenizer
+    msgs = json.loads(shared_path("corpus", "transcripts",
+                                  "sweagent-demo-default-install-from-source__marshmallow-1867.json")
+                      .read_bytes())[:24]
+    turns = render_turns(msgs, detect_style(tok.admission.added_tokens))
+    want = {s: ref_ids_many(tok, turns, s) for s in (True, False)}
+    held = []
+    for i, text in enumerate(turns):
+        special = i % 4 != 3
+        view = pool.encode(text, session=f"replay-{name}", add_special_tokens=special)
+        assert list(view) == want[special][i], f"turn {i}"
+        if i % 5 == 0:
+            held.append((view, list(view)))  # views kept alive: the next splice must not touch them
+    for view, snapshot in held:
+        assert list(view) == snapshot
+    s = pool.stats()
+    assert s["session_repairs"] >= len(turns) - 2 and s["failovers"] == 0
+
+
+def test_many_sessions_concurrently(pools):
+    pool = pools("qwen3")
+    tok = pool.tokenizer
+    src = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")
+    errors = []
+
+    def client(k):
+        text = src[k * 30000 : k * 30000 + 3000]
+        for step in range(12):
+            text += src[k * 30000 + 3000 + step * 300 : k * 30000 + 3300 + step * 300]
+            if list(pool.encode(text, session=("c", k))) != ref_ids(tok, text):
+                errors.append((k, step))
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors
+
+
+def test_async_api(pools):
+    pool = pools("llama3")
+
+    async def main():
+        texts = ["one two", "three " * 2000, "four"]
+        views = await asyncio.gather(*(pool.encode_async(t, session=None) for t in texts))
+        return texts, views
+
+    texts, views = asyncio.run(main())
+    assert [list(v) for v in views] == [ref_ids(pool.tokenizer, t) for t in texts]
+
+
+def test_bad_input_same_as_reference(pools):
+    pool = pools("gpt-oss")
+    for bad in (123, None, b"x"):
+        with pytest.raises(TypeError):
+            pool.encode(bad)
+    for text in ("a\ud800b", "x" * 5000 + "\udfff"):
+        with pytest.raises(TypeError):
+            pool.encode(text)
+        with pytest.raises(TypeError):
+            pool.encode(text, session="bad")
+    assert list(pool.encode("fine", session="bad")) == ref_ids(pool.tokenizer, "fine")
+
+
+def test_worker_kill_mid_request_fails_over_exactly():
+    tok = load_tokenizer("llama3")
+    with Pool(tok, workers=2, name="kill", chunk_threshold=10**9) as pool:
+        text = read_text("multilingual", "udhr_all-languages_concatenated.txt")[:3_000_000]
+        session_text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:40000]
+        assert list(pool.encode(session_text, session="k")) == ref_ids(tok, session_text)
+        fut = pool.submit(text)  # one long task: a worker is busy with it for a while
+        deadline = time.monotonic() + 10
+        busy = []
+        while not busy and time.monotonic() < deadline:
+            busy = [w for w in pool.stats()["workers"] if w["busy"]]
+            time.sleep(0.001)
+        assert busy, "no worker picked the task up"
+        os.kill(busy[0]["pid"], signal.SIGKILL)
+        assert list(fut.result(timeout=60)) == ref_ids(tok, text)
+        s = pool.stats()
+        assert s["worker_deaths"] == 1 and s["failovers"] == 1
+        assert sum(w["alive"] for w in s["workers"]) == 1
+        # the session is re-homed on the live worker and keeps repairing exactly
+        for i in range(5):
+            session_text += f" and then turn {i}."
+            assert list(pool.encode(session_text, session="k")) == ref_ids(tok, session_text)
+
+
+def test_request_timeout_fails_over():
+    tok = load_tokenizer("qwen3")
+    with Pool(tok, workers=1, name="timeout", request_timeout=0.001,
+              chunk_threshold=10**9) as pool:
+        text = read_text("prose", "gutenberg-2701_moby-dick.txt")
+        assert list(pool.encode(text)) == ref_ids(tok, text)
+        s = pool.stats()
+        assert s["timeouts"] == 1 and s["failovers"] == 1
+        assert list(pool.encode("after")) == ref_ids(tok, "after")  # no live worker: in process
+
+
+def test_start_timeout_cleans_up():
+    before = pool_names()
+    with pytest.raises(PoolError, match="start_timeout|did not start"):
+        Pool(load_tokenizer("llama3"), workers=2, name="slow", start_timeout=0.01)
+    time.sleep(0.2)
+    assert pool_names() <= before
+
+
+def test_names_and_cleanup_after_close():
+    before = pool_names()
+    pool = Pool(load_tokenizer("qwen3"), workers=2, name="names")
+    try:
+        assert pool_names(pool.prefix), "segments and semaphores live under /dev/shm"
+        assert all(n.split("sem.")[-1].startswith(pool.prefix) for n in pool_names(pool.prefix))
+        for w in pool.stats()["workers"]:
+            cmd = open(f"/proc/{w['pid']}/cmdline", "rb").read().decode(errors="replace")
+            assert f"dtok-pool[names] worker {w['index']}" in cmd
+        view = pool.encode("x " * 3000, session="v")
+    finally:
+        pool.close()
+    assert pool_names(pool.prefix) == set() and pool_names() <= before
+    assert list(view)[:3] == ref_ids(pool.tokenizer, "x " * 3000)[:3]  # still valid after close
+
+
+def test_front_end_crash_leaves_nothing():
+    script = (
+        "import os, signal, sys, dtok\n"
+        "pool = dtok.Pool(sys.argv[1], workers=2, name='crash')\n"
+        "pool.encode('hello ' * 1000, session='s')\n"
+        "print(pool.prefix, pool.zygote_pid, *[w['pid'] for w in pool.stats()['workers']],"
+        " flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(shared_path("tokenizers", "llama3"))],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    prefix, *pids = proc.stdout.split()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and (pool_names(prefix) or any(_alive(int(p)) for p in pids)):
+        time.sleep(0.05)
+    assert pool_names(prefix) == set()
+    assert not any(_alive(int(p)) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_stale_segments_are_swept_at_start():
+    dead_pid = int(open("/proc/sys/kernel/pid_max").read()) + 1  # never a live process
+    name = f"dtok-{dead_pid}-deadbeef-w0-ctl"
+    seg = shm.Segment(name, 4096, create=True)
+    seg.close()
+    assert name in pool_names()
+    with Pool(load_tokenizer("llama3"), workers=1, name="sweep"):
+        assert name not in pool_names()
+
+
+def test_not_admitted_goes_in_process():
+    tok = load_tokenizer("roberta-base")
+    with Pool(tok, workers=2, name="na") as pool:
+        assert pool.stats()["workers"] == []
+        assert list(pool.encode("hello <mask>")) == ref_ids(tok, "hello <mask>")
+
+
+@pytest.mark.parametrize("order", ["sjf", "fifo"])
+def test_scheduling_order(order):
+    """One worker, busy; queued: a long task then short ones. SJF runs the short ones first."""
+    tok = load_tokenizer("llama3")
+    with Pool(tok, workers=1, name=f"order-{order}", order=order,
+              chunk_threshold=10**9) as pool:
+        blocker = read_text("prose", "gutenberg-2701_moby-dick.txt")
+        done = []
+        futs = [pool.submit(blocker)]  # dispatched at once: the only worker is now busy
+        jobs = [("long", blocker[:600_000] + "!"), ("short1", "a b c"), ("short2", "d e f")]
+        for label, text in jobs:
+            fut = pool.submit(text)
+            fut.add_done_callback(lambda f, label=label: done.append(label))
+            futs.append(fut)
+        for f in futs:
+            f.result(timeout=120)
+        expected = ["short1", "short2", "long"] if order == "sjf" else ["long", "short1", "short2"]
+        assert done == expected
+
+
+def test_task_heap_matches_heapq():
+    rng = random.Random(0)
+    h, ref = TaskHeap(), []
+    for step in range(5000):
+        if ref and rng.random() < 0.45:
+            assert h.peek_key() == ref[0][0]
+            assert h.pop() == heapq.heappop(ref)[2]
+        else:
+            key = rng.choice([rng.random(), 0.5])
+            heapq.heappush(ref, (key, step, f"t{step}"))
+            h.push(key, step, f"t{step}")
+        assert len(h) == len(ref)
