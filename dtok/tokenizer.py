@@ -249,8 +249,8 @@ class Tokenizer:
         out: list[memoryview | None] = [None] * len(texts)
         short = [i for i, t in enumerate(texts) if len(t) < self.knobs["chunk_threshold"]]
         parts = self._encode_pieces([texts[i] for i in short], batch=True)
-        for i, part in zip(short, parts):
-            out[i] = memoryview(IdBuffer.concat((part,), prefix, suffix))
+        for i, piece_parts in zip(short, parts):
+            out[i] = memoryview(IdBuffer.concat(piece_parts, prefix, suffix))
         for i, text in enumerate(texts):
             if out[i] is None:
                 out[i] = self.encode(text, add_special_tokens=add_special_tokens)
@@ -271,49 +271,55 @@ class Tokenizer:
         return ids_from_list(self.reference.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def _encode_body(self, text: str) -> list:
-        """int32 IDs of admitted text without post-processing, as a list of chunk buffers:
-        cut into chunks when long enough, each chunk routed to the fast encoder or the
-        reference."""
+        """int32 IDs of admitted text without post-processing, as a list of buffers: cut into
+        chunks when long enough; each chunk to the fast encoder, except the stretches around
+        guard characters or text NFC would change, which go to the reference."""
         if len(text) >= self.knobs["chunk_threshold"]:
             cuts = self._plan(text)
             if cuts:
                 bounds = [0, *cuts, len(text)]
-                return self._encode_pieces([text[a:b] for a, b in zip(bounds, bounds[1:])])
-        return self._encode_pieces([text])
+                pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+                return [p for parts in self._encode_pieces(pieces) for p in parts]
+        return self._encode_pieces([text])[0]
 
-    def _encode_pieces(self, pieces: list[str], batch: bool = False) -> list:
-        """Encode independent pieces (chunks of one text, or a batch of short texts); with the
-        fast encoder, guarded pieces go to the reference, on the thread pool while the fast
-        encoder runs in this thread."""
+    def _encode_pieces(self, pieces: list[str], batch: bool = False) -> list[list]:
+        """Encode independent pieces (chunks of one text, or a batch of short texts): for each
+        piece, the list of its buffers. With the fast encoder, stretches that must go to the
+        reference are encoded on the thread pool while the fast encoder runs in this thread."""
         if not pieces:
             return []
         if self.encoder is self.ref_encoder:
             self._count(reference=len(pieces))
             if batch:
-                return self.ref_encoder.encode_many(pieces)
-            return self._map(self.ref_encoder.encode, pieces)
-        to_ref = [i for i, p in enumerate(pieces) if self._route(p) is not None]
-        self._count(fast=len(pieces) - len(to_ref), reference=len(to_ref))
-        if not to_ref:
-            return self.encoder.encode_many(pieces)
-        out: list = [None] * len(pieces)
+                return [[ids] for ids in self.ref_encoder.encode_many(pieces)]
+            return [[ids] for ids in self._map(self.ref_encoder.encode, pieces)]
+        fast, slow = [], []  # (slot, sub-text)
+        owner = []  # slot -> piece index
+        for i, piece in enumerate(pieces):
+            for a, b, why in self._segments(piece):
+                (fast if why is None else slow).append((len(owner), piece[a:b]))
+                owner.append(i)
+        self._count(fast=len(fast), reference=len(slow))
+        results: list = [None] * len(owner)
         pending = {}
-        if batch:
-            for i, ids in zip(to_ref, self.ref_encoder.encode_many([pieces[i] for i in to_ref])):
-                out[i] = ids
-        elif self.threads > 1 and (len(to_ref) > 1 or len(to_ref) < len(pieces)):
-            pool = self._pool()
-            pending = {i: pool.submit(self.ref_encoder.encode, pieces[i]) for i in to_ref}
-        else:
-            for i in to_ref:
-                out[i] = self.ref_encoder.encode(pieces[i])
-        skip = set(to_ref)
-        fast_idx = [i for i in range(len(pieces)) if i not in skip]
-        if fast_idx:
-            for i, ids in zip(fast_idx, self.encoder.encode_many([pieces[i] for i in fast_idx])):
-                out[i] = ids
-        for i, fut in pending.items():
-            out[i] = fut.result()
+        if slow:
+            if batch:
+                for (j, _), ids in zip(slow, self.ref_encoder.encode_many([t for _, t in slow])):
+                    results[j] = ids
+            elif self.threads > 1 and (fast or len(slow) > 1):
+                pool = self._pool()
+                pending = {j: pool.submit(self.ref_encoder.encode, t) for j, t in slow}
+            else:
+                for j, t in slow:
+                    results[j] = self.ref_encoder.encode(t)
+        if fast:
+            for (j, _), ids in zip(fast, self.encoder.encode_many([t for _, t in fast])):
+                results[j] = ids
+        for j, fut in pending.items():
+            results[j] = fut.result()
+        out: list[list] = [[] for _ in pieces]
+        for j, i in enumerate(owner):
+            out[i].append(results[j])
         return out
 
     def _count(self, fast: int = 0, reference: int = 0) -> None:
@@ -321,18 +327,53 @@ class Tokenizer:
             self._pieces["fast"] += fast
             self._pieces["reference"] += reference
 
-    def _route(self, piece: str) -> str | None:
-        """None when the fast encoder may take this piece, else why it goes to the reference."""
-        kind, pos = self.rules.route(piece)
+    def _segments(self, piece: str) -> list[tuple[int, int, str | None]]:
+        """[(start, end, why)] covering the piece: why is None for stretches the fast encoder
+        may take, else why the stretch goes to the reference. Stretches start and end at safe
+        cuts, so their IDs concatenate to the piece's."""
+        kind, _pos = self.rules.route(piece)
         if kind == 0:
-            return None
-        if kind == 1:
-            return f"guard character U+{ord(piece[pos]):04X} at {pos}"
+            return [(0, len(piece), None)]
+        spans = [(a, b, f"guard character U+{ord(piece[a]):04X} at {a}")
+                 for a, b in self.rules.guard_spans(piece)]
+        if self.rules.nfc:
+            spans += [(a, c, f"not NFC at {a}") for a, c in self._unstable(piece)]
+        if not spans:
+            return [(0, len(piece), None)]
+        spans.sort()
+        stretches = self.rules.isolate(piece, [(a, b) for a, b, _ in spans],
+                                       self.knobs["scan_budget"][-1])
+        out, pos, k = [], 0, 0
+        for a, b in stretches:
+            if a > pos:
+                out.append((pos, a, None))
+            while k + 1 < len(spans) and spans[k][1] <= a:
+                k += 1
+            out.append((a, b, spans[k][2]))
+            pos = b
+        if pos < len(piece):
+            out.append((pos, len(piece), None))
+        return out
+
+    def _unstable(self, piece: str) -> list[tuple[int, int]]:
+        """The NFC windows of the piece that the reference normalizer would change (found by
+        bisection; LF joins windows, since the normalizer always splits before it)."""
+        normalize = self.reference.normalizer.normalize_str
+
+        def bad(ws):
+            joined = "\n".join(piece[a:c] for a, c in ws)
+            try:
+                if normalize(joined) == joined:
+                    return []
+            except UnicodeError:  # a lone surrogate: the reference will judge that stretch
+                pass
+            if len(ws) == 1:
+                return ws
+            mid = len(ws) // 2
+            return bad(ws[:mid]) + bad(ws[mid:])
+
         windows = self.rules.nfc_windows(piece)
-        joined = "\n".join(piece[a:c] for a, c in windows)
-        if self.reference.normalizer.normalize_str(joined) == joined:
-            return None
-        return f"not NFC (first non-anchor character at {pos})"
+        return bad(windows) if windows else []
 
     def _encode_buffer(self, text: str, headroom: int = 0) -> IdBuffer:
         """prefix + IDs + suffix of admitted text in one buffer (with spare capacity)."""
@@ -426,15 +467,23 @@ class Tokenizer:
         if self.encoder is self.ref_encoder:
             why = f"{len(routes)} chunks on {min(self.threads, len(routes))} thread(s)"
         else:
-            why = (f"{len(routes)} chunks: {len(routes) - n_ref} to {self.encoder.name} in one "
-                   f"call, {n_ref} to the reference")
+            why = (f"{len(routes)} chunks to {self.encoder.name} in one call; {n_ref} of them "
+                   "with stretches on the reference")
         return {**info, "route": "chunked", "why": why}
 
     def _routes_of(self, pieces: list[str]) -> list[str]:
         if self.encoder is self.ref_encoder:
             return ["reference"] * len(pieces)
-        routes = [self._route(p) for p in pieces]
-        return ["fast" if r is None else "reference: " + r for r in routes]
+        out = []
+        for piece in pieces:
+            segs = [(a, b, why) for a, b, why in self._segments(piece) if why is not None]
+            if not segs:
+                out.append("fast")
+            else:
+                n = sum(b - a for a, b, _ in segs)
+                out.append(f"reference for {n} of {len(piece)} chars ({len(segs)} stretch(es), "
+                           f"first: {segs[0][2]})")
+        return out
 
     def stats(self) -> dict[str, Any]:
         """The encoder in use, why, and how many pieces each encoder took so far."""

@@ -29,3 +29,5 @@ cdef class CutRules:
     cdef int resolve(self, str text, const UText* t, Py_ssize_t b, Py_ssize_t limit) except -1
     cdef Py_ssize_t scan_back(self, str text, Py_ssize_t start, Py_ssize_t stop,
                               Py_ssize_t limit) except -2
+    cdef Py_ssize_t scan_forward(self, str text, Py_ssize_t start, Py_ssize_t stop,
+                                 Py_ssize_t limit) except -2

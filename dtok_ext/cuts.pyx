@@ -98,9 +98,12 @@ cdef class CutRules:
         # The anchors must lie in the same added-token segment as b.
         if self._check_specials and self.specials.touches(t, a, c):
             return 0
-        left = self._normalize(text[a:b])
-        right = self._normalize(text[b:c])
-        if self._normalize(text[a:c]) != left + right or not left or not right:
+        try:
+            left = self._normalize(text[a:b])
+            right = self._normalize(text[b:c])
+            if self._normalize(text[a:c]) != left + right or not left or not right:
+                return 0
+        except UnicodeError:  # a lone surrogate nearby: no cut here
             return 0
         x = self.table[ord(left[len(left) - 1])]
         y = self.table[ord(right[0])]
@@ -132,6 +135,28 @@ cdef class CutRules:
             if v != NEEDS_NFC or self.nfc_ok(text, &t, b, limit):
                 return b
             b -= 1
+        return -1
+
+    cdef Py_ssize_t scan_forward(self, str text, Py_ssize_t start, Py_ssize_t stop,
+                                 Py_ssize_t limit) except -2:
+        """First safe cut in start, start+1, ..., stop; -1 if none."""
+        cdef UText t = utext_of(text)
+        cdef Py_ssize_t b = start
+        cdef int v
+        if b < 1:
+            b = 1
+        while b <= stop:
+            with nogil:
+                while b <= stop:
+                    v = self.verdict(&t, b, limit)
+                    if v != NOT_SAFE:
+                        break
+                    b += 1
+            if b > stop:
+                break
+            if v != NEEDS_NFC or self.nfc_ok(text, &t, b, limit):
+                return b
+            b += 1
         return -1
 
     # Python surface (planner, repair, tests, explain)
@@ -202,6 +227,45 @@ cdef class CutRules:
         if first_non_anchor >= 0:
             return 2, first_non_anchor
         return 0, -1
+
+    def guard_spans(self, str text not None, Py_ssize_t start=0, end=None):
+        """Runs [i, j) of guard characters in text[start:end]."""
+        cdef UText t = utext_of(text)
+        cdef Py_ssize_t i, stop = t.length if end is None else end, run = -1
+        out = []
+        for i in range(start, stop):
+            if self.table[uread(&t, i)] & FAST_GUARD:
+                if run < 0:
+                    run = i
+            elif run >= 0:
+                out.append((run, i))
+                run = -1
+        if run >= 0:
+            out.append((run, stop))
+        return out
+
+    def isolate(self, str text not None, spans, Py_ssize_t budget):
+        """Merged stretches [a, b) that contain the given spans and start and end at safe cuts
+        (or at the text's ends), found within `budget` characters on either side."""
+        cdef Py_ssize_t n = len(text), a, b, last_end
+        out = []
+        for lo, hi in sorted(spans):
+            last_end = out[len(out) - 1][1] if out else -1
+            if hi <= last_end:
+                continue  # inside the previous stretch
+            if lo < last_end:
+                a = out.pop()[0]
+            else:
+                a = self.scan_back(text, lo, lo - budget, n) if lo > 0 else 0
+                if a < 0:
+                    a = 0
+            b = self.scan_forward(text, hi, hi + budget, n) if hi < n else n
+            if b < 0:
+                b = n
+            if out and a <= out[len(out) - 1][1]:
+                a = out.pop()[0]
+            out.append((a, b))
+        return out
 
     def nfc_windows(self, str text not None, Py_ssize_t start=0, end=None):
         """The stretches of text[start:end] that NFC can change: each from the anchor before a

@@ -23,6 +23,7 @@ def test_non_str(main_tok, value):
 @pytest.mark.parametrize("text", [
     "\ud800", "abc\udfffdef", "a\x00b", "", "\x00" * 5000, " " * 5000, "\n" * 5000,
     "x" * 3000 + "\ud83d" + "y" * 3000,  # a lone surrogate inside a chunked text
+    "e\u0301 " * 1500 + "\ud800" + "e\u0301 " * 1500,  # ... next to NFC checks
     "a" * 100_000,
 ])
 @pytest.mark.parametrize("special", [True, False])

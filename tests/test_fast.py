@@ -62,17 +62,20 @@ def test_guarded_chunk_goes_to_reference_alone():
     routes = ex["chunk_routes"]
     assert ex["route"] == "chunked" and len(routes) == 10
     assert sum(r != "fast" for r in routes) == 1 and "not NFC" in " ".join(routes)
+    guarded = next(r for r in routes if r != "fast")
+    assert int(guarded.split()[2]) < 100, guarded  # only a short stretch around the accent
     before = tok.stats()
     assert list(tok.encode(text)) == ref_ids(tok, text)
     after = tok.stats()
     assert after["reference_pieces"] - before["reference_pieces"] == 1
-    assert after["fast_pieces"] - before["fast_pieces"] == 9
+    assert after["fast_pieces"] - before["fast_pieces"] in (10, 11)  # + the guarded one's rest
 
 
 def test_unassigned_code_point_is_guarded():
     tok = fast_tok("llama3")
     text = "abc \u0378 def"  # U+0378 is unassigned
-    assert tok.explain(text)["chunk_routes"][0].startswith("reference: guard character U+0378")
+    route = tok.explain(text)["chunk_routes"][0]
+    assert route.startswith("reference for") and "guard character U+0378" in route
     assert list(tok.encode(text)) == ref_ids(tok, text)
     assert tok.explain("abc def")["chunk_routes"] == ["fast"]
 
@@ -83,8 +86,10 @@ def test_nfc_text_with_marks_stays_fast():
     text = read_text("multilingual", "udhr_mar.txt") + read_text("multilingual", "udhr_tha.txt")
     assert tok.explain(text)["chunk_routes"] == ["fast"]
     assert list(tok.encode(text)) == ref_ids(tok, text)
-    hindi = read_text("multilingual", "udhr_hin.txt")  # not NFC (nukta letters): the reference
-    assert tok.explain(hindi)["chunk_routes"][0].startswith("reference: not NFC")
+    hindi = read_text("multilingual", "udhr_hin.txt")  # not NFC (nukta letters): stretches
+    route = tok.explain(hindi)["chunk_routes"][0]  # around them go to the reference
+    assert route.startswith("reference for") and "not NFC" in route
+    assert int(route.split()[2]) < len(hindi) // 2
     assert list(tok.encode(hindi)) == ref_ids(tok, hindi)
 
 
