@@ -309,9 +309,9 @@ class Tokenizer:
             elif self.threads > 1 and (fast or len(slow) > 1):
                 pool = self._pool()
                 pending = {j: pool.submit(self.ref_encoder.encode, t) for j, t in slow}
-            else:
-                for j, t in slow:
-                    results[j] = self.ref_encoder.encode(t)
+            else:  # one call for all of them
+                for (j, _), ids in zip(slow, self.ref_encoder.encode_many([t for _, t in slow])):
+                    results[j] = ids
         if fast:
             for (j, _), ids in zip(fast, self.encoder.encode_many([t for _, t in fast])):
                 results[j] = ids
@@ -331,7 +331,7 @@ class Tokenizer:
         """[(start, end, why)] covering the piece: why is None for stretches the fast encoder
         may take, else why the stretch goes to the reference. Stretches start and end at safe
         cuts, so their IDs concatenate to the piece's."""
-        kind, _pos = self.rules.route(piece)
+        kind, _ = self.rules.route(piece)
         if kind == 0:
             return [(0, len(piece), None)]
         spans = [(a, b, f"guard character U+{ord(piece[a]):04X} at {a}")
@@ -356,24 +356,28 @@ class Tokenizer:
         return out
 
     def _unstable(self, piece: str) -> list[tuple[int, int]]:
-        """The NFC windows of the piece that the reference normalizer would change (found by
-        bisection; LF joins windows, since the normalizer always splits before it)."""
+        """The NFC windows of the piece that the reference normalizer would change (one
+        normalizer call over all windows; by bisection if the piece holds the separator)."""
+        found = self.rules.unstable_windows(piece)
+        if found is not None:
+            return found
         normalize = self.reference.normalizer.normalize_str
+        windows = self.rules.nfc_windows(piece)
+        texts = [piece[a:c] for a, c in windows]
 
-        def bad(ws):
-            joined = "\n".join(piece[a:c] for a, c in ws)
+        def bad(lo: int, hi: int) -> list[tuple[int, int]]:
+            joined = "\n".join(texts[lo:hi])
             try:
                 if normalize(joined) == joined:
                     return []
             except UnicodeError:  # a lone surrogate: the reference will judge that stretch
                 pass
-            if len(ws) == 1:
-                return ws
-            mid = len(ws) // 2
-            return bad(ws[:mid]) + bad(ws[mid:])
+            if hi - lo == 1:
+                return [windows[lo]]
+            mid = (lo + hi) // 2
+            return bad(lo, mid) + bad(mid, hi)
 
-        windows = self.rules.nfc_windows(piece)
-        return bad(windows) if windows else []
+        return bad(0, len(windows)) if windows else []
 
     def _encode_buffer(self, text: str, headroom: int = 0) -> IdBuffer:
         """prefix + IDs + suffix of admitted text in one buffer (with spare capacity)."""

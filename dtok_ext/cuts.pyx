@@ -14,8 +14,17 @@ A position is safe when no occurrence of any added-token string covers it, and e
 
 The argument for each family's transition set is in :mod:`dtok.families`.
 """
+from cpython cimport array
+import array
+
 from dtok_ext.unicode_text cimport UText, uread, utext_of
 from dtok_ext.specials cimport SpecialMatcher
+
+cdef extern from "Python.h":
+    object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
+    void PyUnicode_WRITE(int kind, void* data, Py_ssize_t index, Py_UCS4 value)
+
+cdef Py_UCS4 SEPARATOR = 0xFDD0
 
 cdef enum:
     NFC_WINDOW = 256  # code points searched on each side of a cut for an NFC anchor
@@ -286,6 +295,72 @@ cdef class CutRules:
         if win_start >= 0:
             out.append((win_start, stop))
         return out
+
+    def unstable_windows(self, str text not None):
+        """The NFC windows of text that the reference normalizer would change.
+
+        All windows are normalized in one call, joined by U+FDD0 (a noncharacter: an NFC
+        anchor that nothing normalizes to), and compared with the input window by window.
+        Returns None when text itself holds U+FDD0 (the caller checks another way)."""
+        cdef UText t = utext_of(text)
+        cdef Py_ssize_t i, j, k, n = t.length, total = 0, nw
+        cdef Py_ssize_t last_anchor = 0, win_start = -1, a, c, pos
+        cdef Py_UCS4 ch
+        cdef array.array bounds = array.array("q")
+        if self._normalize is None:
+            return []
+        for i in range(n):
+            ch = uread(&t, i)
+            if ch == SEPARATOR:
+                return None
+            if self.table[ch] & NFC_ANCHOR:
+                if win_start >= 0:
+                    bounds.append(win_start)
+                    bounds.append(i)
+                    total += i - win_start
+                    win_start = -1
+                last_anchor = i
+            elif win_start < 0:
+                win_start = last_anchor
+        if win_start >= 0:
+            bounds.append(win_start)
+            bounds.append(n)
+            total += n - win_start
+        nw = len(bounds) // 2
+        if nw == 0:
+            return []
+        cdef long long* bd = bounds.data.as_longlongs
+        joined = PyUnicode_New(total + nw - 1, 0x10FFFF if t.kind == 4 else 0xFFFF)
+        cdef UText jt = utext_of(joined)
+        pos = 0
+        for k in range(nw):
+            if k:
+                PyUnicode_WRITE(jt.kind, <void*>jt.data, pos, SEPARATOR)
+                pos += 1
+            for j in range(bd[2 * k], bd[2 * k + 1]):
+                PyUnicode_WRITE(jt.kind, <void*>jt.data, pos, uread(&t, j))
+                pos += 1
+        try:
+            out = self._normalize(joined)
+        except UnicodeError:  # a lone surrogate: every window is suspect
+            return [(bd[2 * k], bd[2 * k + 1]) for k in range(nw)]
+        cdef UText ot = utext_of(out)
+        bad = []
+        pos = 0
+        for k in range(nw):
+            a, c = bd[2 * k], bd[2 * k + 1]
+            j = pos
+            while j < ot.length and uread(&ot, j) != SEPARATOR:
+                j += 1
+            if j - pos != c - a:
+                bad.append((a, c))
+            else:
+                for i in range(c - a):
+                    if uread(&ot, pos + i) != uread(&t, a + i):
+                        bad.append((a, c))
+                        break
+            pos = j + 1
+        return bad
 
     def repair_cut(self, str new not None, Py_ssize_t old_len, Py_ssize_t budget):
         """Latest position b <= old_len that is safe in both old = new[:old_len] and new; -1 if

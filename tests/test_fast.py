@@ -167,3 +167,21 @@ def test_no_cross_call_state():
                               cwd=ROOT, check=True)
         fresh = json.loads(proc.stdout)
         assert fresh == [here[turns.index(t)] for t in pick]
+
+
+def test_unstable_windows_match_per_window_normalization():
+    """The one-call NFC check finds exactly the windows the reference normalizer changes."""
+    import random
+
+    tok = load_tokenizer("qwen3")
+    normalize = tok.reference.normalizer.normalize_str
+    frag = ["e\u0301", "\u0958", "a", " ", "\u1100\u1161", "\uac00\u11a8", "x\u0323\u0302",
+            "\u0301\u0323", "\uf900", "\u212b", "\n", "\U0001d15e", "\u0f73"]
+    rng = random.Random(1)
+    for _ in range(2000):
+        s = "".join(rng.choice(frag) for _ in range(rng.randint(1, 12)))
+        want = [(a, c) for a, c in tok.rules.nfc_windows(s) if normalize(s[a:c]) != s[a:c]]
+        assert tok.rules.unstable_windows(s) == want, s
+        assert tok._unstable(s) == want
+    assert tok.rules.unstable_windows("a\ufdd0b\u0301") is None  # holds the separator
+    assert tok._unstable("a\ufdd0e\u0301\u0958") == [(2, 5)]  # by bisection

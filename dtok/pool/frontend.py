@@ -186,7 +186,8 @@ class Pool:
                  chunk_threshold: int = 131072, chunk_target: int = 65536, max_chunks: int = 16,
                  aging: float = 1.0, request_timeout: float = 60.0, start_timeout: float = 300.0,
                  name: str | None = None, max_sessions: int = 4096,
-                 session_bytes: int = 128 << 20) -> None:
+                 session_bytes: int = 128 << 20, spin_us: int = 1000,
+                 chunks_per_worker: int = 1, stateless_queue: str = "shared") -> None:
         if isinstance(tokenizer_or_path, Tokenizer):
             self.tokenizer = tokenizer_or_path
             worker_knobs = {k: v for k, v in tokenizer_or_path.knobs.items()}
@@ -205,6 +206,14 @@ class Pool:
             chunk_threshold, chunk_target, max_chunks)
         self.request_timeout, self.start_timeout = float(request_timeout), float(start_timeout)
         self.max_sessions, self.session_bytes = max_sessions, session_bytes
+        self.spin_us = spin_us
+        if type(chunks_per_worker) is not int or chunks_per_worker < 1:
+            raise ValueError(f"chunks_per_worker must be a positive int, got {chunks_per_worker!r}")
+        if stateless_queue not in ("shared", "round_robin"):
+            raise ValueError("stateless_queue must be 'shared' or 'round_robin'")
+        self.chunks_per_worker = chunks_per_worker
+        self.stateless_queue = stateless_queue
+        self._rr = itertools.count()
         self.estimator = Estimator(order, aging)
         a = self.tokenizer.admission
         self._prefix_ids, self._suffix_ids = a.prefix, a.suffix
@@ -265,7 +274,8 @@ class Pool:
         config = {"prefix": self.prefix, "name": self.name,
                   "bundled": str(files.path).endswith(".gz"), "path": str(files.path),
                   "sha256": self.tokenizer.admission.sha256, "knobs": knobs,
-                  "worker_sessions": max(64, 2 * self.max_sessions // self.n_workers)}
+                  "worker_sessions": max(64, 2 * self.max_sessions // self.n_workers),
+                  "spin_us": self.spin_us}
         env = dict(os.environ)
         env.pop("FASTOKENS_INPUT_CACHE", None)
         env.pop("FASTOKENS_SEGMENT_CACHE", None)
@@ -347,8 +357,28 @@ class Pool:
 
     def encode(self, text: str, *, session: Hashable | None = None,
                add_special_tokens: bool = True) -> memoryview:
-        """IDs of text, exactly as the reference; see :meth:`submit`."""
-        return self.submit(text, session=session, add_special_tokens=add_special_tokens).result()
+        """IDs of text, exactly as the reference; see :meth:`submit`.
+
+        The calling thread waits by polling the workers' control blocks for up to ``spin_us``
+        (short tasks come back without two thread wake-ups), then sleeps on the Future."""
+        fut = self.submit(text, session=session, add_special_tokens=add_special_tokens)
+        if not fut.done() and self.spin_us:
+            deadline = time.perf_counter() + self.spin_us * 1e-6
+            while time.perf_counter() < deadline:
+                if self._poll() and fut.done():
+                    break
+        return fut.result()
+
+    def _poll(self) -> bool:
+        """Harvest answers that are already in shared memory; True if there were any."""
+        for w in self._workers:
+            if w.task is not None and w.control is not None and w.control.resp_seq == w.seq:
+                with self._lock:
+                    if not self._closed:
+                        self._harvest()
+                        self._assign()
+                return True
+        return False
 
     async def encode_async(self, text: str, *, session: Hashable | None = None,
                            add_special_tokens: bool = True) -> memoryview:
@@ -385,8 +415,8 @@ class Pool:
             else:
                 req = _Request(text, add_special_tokens, None, "stateless")
                 self._counts["stateless"] += 1
-                self._push(None, _Task(P.OP_ENCODE, "stateless", req, text,
-                                       self.estimator.weight(text)))
+                self._push_stateless(_Task(P.OP_ENCODE, "stateless", req, text,
+                                           self.estimator.weight(text)))
             self._assign()
         return req.future
 
@@ -477,6 +507,15 @@ class Pool:
         task.key = self.estimator.key(task.kind, task.weight, self._arrival_ms())
         (worker.local if worker is not None else self._shared).push(task.key, task.seq, task)
 
+    def _push_stateless(self, task: _Task) -> None:
+        """A whole stateless request: the shared queue, or (the per-worker FIFO design of the
+        scheduling comparison) the next live worker's own queue, round robin."""
+        live = self._live()
+        if self.stateless_queue == "round_robin" and live:
+            self._push(live[next(self._rr) % len(live)], task)
+        else:
+            self._push(None, task)
+
     def _live(self) -> list[_Worker]:
         return [w for w in self._workers if w.alive]
 
@@ -489,14 +528,14 @@ class Pool:
     def _submit_chunked(self, text: str, special: bool) -> _Request:
         n = len(text)
         live = max(1, len(self._live()))
-        k = min(math.ceil(n / self.chunk_target), self.max_chunks, live)
+        k = min(math.ceil(n / self.chunk_target), self.max_chunks, live * self.chunks_per_worker)
         cuts = self.tokenizer.rules.plan(text, k, max(16, min(1024, n // (4 * k))),
                                          self.tokenizer.knobs["scan_budget"]) if k > 1 else []
         if not cuts:
             req = _Request(text, special, None, "stateless")
             self._counts["stateless"] += 1
-            self._push(None, _Task(P.OP_ENCODE, "stateless", req, text,
-                                   self.estimator.weight(text)))
+            self._push_stateless(_Task(P.OP_ENCODE, "stateless", req, text,
+                                       self.estimator.weight(text)))
         else:
             req = _Request(text, special, None, "chunked")
             bounds = [0, *cuts, n]
@@ -772,7 +811,10 @@ class Pool:
             self._fail(task.req, f"worker {index} died")
         for task in w.local.drain():  # re-home: its sessions' next home is another live worker
             meta = task.req.session
-            home = self._home(meta) if meta is not None else None
+            if meta is None:
+                self._push_stateless(task)
+                continue
+            home = self._home(meta)
             if home is None:
                 self._task_dropped(task)
                 self._fail(task.req, "no live worker")

@@ -118,7 +118,7 @@ def _become_worker(tok, prefix: str, index: int, config: dict, name: str) -> Non
         from dtok.pool import worker
 
         worker.main(tok, prefix, index, config["worker_sessions"],
-                    f"dtok-pool[{name}] worker {index}")
+                    f"dtok-pool[{name}] worker {index}", config.get("spin_us", 0))
     except BaseException:  # noqa: BLE001 - a worker must never return into the zygote's loop
         import traceback
 
