@@ -16,7 +16,8 @@ arrivals:
   queues (where the sessions' appends also wait);
 * ``shared SJF whole``: stateless requests whole on the shared queue, shortest first;
 * ``chunked FIFO`` / ``chunked SJF``: stateless requests cut into chunks on the shared queue;
-  ``chunked SJF x8``: eight chunks per worker instead of one;
+  ``chunked SJF x8``: eight chunks per worker instead of one; ``... aging 0.1``: waiting
+  counts a tenth against a task's estimate (the ``aging`` knob; the paper's default is 1.0);
 * ``in-process serial``: one thread encodes everything in arrival order (the front end's own
   event loop doing the work).
 
@@ -51,6 +52,8 @@ DESIGNS = {
     "chunked FIFO": dict(order="fifo", chunk_threshold=65536),
     "chunked SJF": dict(order="sjf", chunk_threshold=65536),
     "chunked SJF x8": dict(order="sjf", chunk_threshold=65536, chunks_per_worker=8),
+    "chunked SJF x8 aging 0.1": dict(order="sjf", chunk_threshold=65536, chunks_per_worker=8,
+                                     aging=0.1),
     "in-process serial": None,
 }
 
@@ -225,6 +228,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--designs", nargs="*", default=list(DESIGNS))
+    ap.add_argument("--documents", default="prose", choices=["prose", "code", "multilingual"],
+                    help="kind of text of the 1M-character stateless documents")
     args = ap.parse_args()
     info = machine()
     print(f"# {info['cpu']}, {info['cpus_usable']} usable CPUs, load {info['loadavg_at_start']}, "
@@ -236,7 +241,7 @@ def main() -> None:
     appends_per_session = int(args.rate * args.seconds / args.sessions * 3) + 10
     sources = build_sources(tok, args.sessions, args.context, args.append_chars,
                             appends_per_session)
-    docs = documents("multilingual", 1_000_000, 2) + documents("code", 1_000_000, 2)
+    docs = documents(args.documents, 1_000_000, 4)
     rows = []
     for seed in range(args.seeds):
         events = schedule(args.rate, args.seconds, args.sessions, args.burst_rate, seed)

@@ -1,0 +1,1 @@
+"""Adapters for the stacks dtok is embedded in: transformers, SGLang."""
