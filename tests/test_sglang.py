@@ -1,0 +1,131 @@
+"""The SGLang hook: session keys, identity checks, and the hooks on a duck-typed tokenizer
+manager with a real transformers tokenizer. (The real SGLang package is too large for CI; the
+closing notes say what was run against it.)"""
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import read_text, shared_path
+
+transformers = pytest.importorskip("transformers") if not os.environ.get("CI") else \
+    __import__("transformers")
+from dtok.integrations import sglang as hook  # noqa: E402
+
+
+def hf(name):
+    return transformers.AutoTokenizer.from_pretrained(str(shared_path("tokenizers", name)))
+
+
+def test_session_key_order():
+    r = SimpleNamespace(session_id="s1", cache_salt="c", rid="conv:7")
+    assert hook.session_key(r, ":") == "sid:s1"
+    r.session_id = None
+    assert hook.session_key(r, ":") == "salt:c"
+    r.cache_salt = ""
+    assert hook.session_key(r, ":") == "rid:conv"
+    assert hook.session_key(r, None) is None  # no separator configured
+    assert hook.session_key(SimpleNamespace(rid="abc"), ":") is None
+
+
+def test_section_comparison():
+    a = hf("llama3").backend_tokenizer.to_str()
+    assert hook.compare_sections(a, a) == []
+    b = shared_path("tokenizers", "qwen3", "tokenizer.json").read_text()
+    assert set(hook.compare_sections(a, b)) >= {"model", "pre_tokenizer"}
+
+
+def test_identity_check_with_frozen_file(monkeypatch):
+    monkeypatch.setenv("DTOK_SGLANG_TOKENIZER", str(shared_path("tokenizers", "gpt-oss")))
+    assert hook._build(hf("gpt-oss"))[0] is not None  # the live backend equals the file
+    wrapper, why = hook._build(hf("qwen3"))  # another model's file: stay out
+    assert wrapper is None and "differs from" in why
+
+
+class FakeTokenizerManager:
+    """What the hooks touch of SGLang's TokenizerManager."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.is_generation = True
+        self.model_config = SimpleNamespace(is_embedding_gemma=False)
+
+    async def _tokenize_texts(self, texts, is_cross_encoder=False):
+        single = isinstance(texts, str)
+        out = self.tokenizer([texts] if single else texts)["input_ids"]
+        return (out[0] if single else out), None
+
+    async def _tokenize_one_request(self, obj):
+        ids, _ = await self._tokenize_texts(obj.text)
+        return ids
+
+
+def test_hooks_route_prompts_through_dtok_exactly():
+    tok = hf("qwen3")
+    tm = FakeTokenizerManager(tok)
+    orig_texts = FakeTokenizerManager._tokenize_texts
+    orig_one = FakeTokenizerManager._tokenize_one_request
+
+    async def texts(self, t, is_cross_encoder=False):
+        return await hook._tokenize_texts(orig_texts, self, t, is_cross_encoder)
+
+    async def one(self, obj):
+        return await hook._tokenize_one_request(orig_one, self, obj)
+
+    tm._tokenize_texts = types.MethodType(texts, tm)
+    tm._tokenize_one_request = types.MethodType(one, tm)
+    base = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:30000]
+    before = dict(hook.stats)
+
+    async def run():
+        text = "<|im_start|>user\n" + base
+        for i in range(6):
+            text += f"<|im_end|>\n<|im_start|>user\nturn {i}\n"
+            req = SimpleNamespace(text=text, session_id="conv-1", cache_salt=None, rid="r")
+            got = await tm._tokenize_one_request(req)
+            assert list(got) == tok([text])["input_ids"][0]
+        assert await tm._tokenize_texts(["a", "b"]) == (tok(["a", "b"])["input_ids"], None)
+
+    asyncio.run(run())
+    assert hook.stats["keyed_calls"] - before["keyed_calls"] == 6
+    assert hook.stats["passed_through"] - before["passed_through"] == 1  # the batch
+    assert hook.dtok_for(tok).dtok.sessions.stats()["repairs"] == 5
+
+
+def test_stays_out_of_overridden_tokenizers():
+    tok = hf("llama3")
+    tok.encode = lambda *a, **k: [0]  # an instance override: dtok cannot know what it does
+    assert hook.dtok_for(tok) is None
+    assert hook._build(SimpleNamespace(is_fast=False))[0] is None
+
+
+def test_install_patches_by_hand(monkeypatch):
+    """install() wraps the targets wherever they live (a stand-in module tree)."""
+    calls = []
+
+    class TokenizerManager:
+        async def _tokenize_one_request(self, obj):
+            calls.append(hook._KEY.get())
+            return "ok"
+
+    tm_mod = types.ModuleType("sglang.srt.managers.tokenizer_manager")
+    tm_mod.TokenizerManager = TokenizerManager
+    for name in ("sglang", "sglang.srt", "sglang.srt.managers"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules["sglang.srt.managers"].tokenizer_manager = tm_mod
+    monkeypatch.setitem(sys.modules, "sglang.srt.managers.tokenizer_manager", tm_mod)
+    done = hook.install()
+    assert f"{hook._TM}._tokenize_one_request" in done
+    assert hook.install() == []  # idempotent
+    out = asyncio.run(TokenizerManager()._tokenize_one_request(SimpleNamespace(session_id="k")))
+    assert out == "ok" and calls == ["sid:k"]
+
+
+def test_register_is_opt_in(monkeypatch):
+    monkeypatch.delenv("DTOK_SGLANG", raising=False)
+    hook.register()  # no sglang needed: nothing happens without DTOK_SGLANG=1
