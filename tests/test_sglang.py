@@ -129,3 +129,21 @@ def test_install_patches_by_hand(monkeypatch):
 def test_register_is_opt_in(monkeypatch):
     monkeypatch.delenv("DTOK_SGLANG", raising=False)
     hook.register()  # no sglang needed: nothing happens without DTOK_SGLANG=1
+
+
+def test_real_sglang():
+    """The hooks inside a real SGLang TokenizerManager and chat server (tools/sglang_check.py).
+    `sglang` is not in the test extra (its install pulls a CUDA torch): skipped where it cannot
+    be imported."""
+    import importlib.util
+    import subprocess
+    from pathlib import Path
+
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed here")
+    tool = Path(__file__).resolve().parents[1] / "tools" / "sglang_check.py"
+    shared_path("tokenizers", "qwen3")  # fails under CI when ../shared is missing
+    run = subprocess.run([sys.executable, str(tool), "qwen3"], capture_output=True, text=True,
+                         env={**os.environ, "DTOK_SGLANG": "1"}, timeout=1200)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert "dtok ON" in run.stdout and "mismatches=0" in run.stdout
