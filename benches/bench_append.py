@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import SHARED, corpus, machine, summary, write_json  # noqa: E402
+from common import SHARED, corpus, header, machine, summary, write_json  # noqa: E402
 
 import dtok  # noqa: E402
 from dtok.chat import detect_style, render_turns  # noqa: E402
@@ -60,8 +60,7 @@ def main() -> None:
                     help="reference encodes per size (default: all below 200K chars, else 5)")
     args = ap.parse_args()
     info = machine()
-    print(f"# {info['cpu']}, {info['cpus_usable']} usable CPUs, load {info['loadavg_at_start']}, "
-          f"tokenizers {info['tokenizers']}, {info['date']}")
+    print(header(info))
     rows = []
     for name in args.tokenizers:
         base = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name, encoder=args.encoder)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import SHARED, documents, machine, summary, write_json  # noqa: E402
+from common import SHARED, documents, header, machine, summary, write_json  # noqa: E402
 
 import dtok  # noqa: E402
 
@@ -42,8 +42,7 @@ def main() -> None:
     ap.add_argument("--encoder", default="reference", choices=["reference", "auto", "fast"])
     args = ap.parse_args()
     info = machine()
-    print(f"# {info['cpu']}, {info['cpus_usable']} usable CPUs, load {info['loadavg_at_start']}, "
-          f"tokenizers {info['tokenizers']}, {info['date']}")
+    print(header(info))
     print(f"# {args.size:,} chars per document, {args.repeats} distinct documents, "
           f"dtok threads={args.threads}, encoder={args.encoder}")
     rows = []

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import SHARED, documents, machine, summary, write_json  # noqa: E402
+from common import SHARED, documents, header, machine, summary, write_json  # noqa: E402
 
 KINDS = ("prose", "code", "multilingual")
 
@@ -151,8 +151,7 @@ def main() -> None:
     if args.child:
         return child(args)
     info = machine()
-    print(f"# {info['cpu']}, {info['cpus_usable']} usable CPUs, load {info['loadavg_at_start']}, "
-          f"tokenizers {info['tokenizers']}, {info['date']}")
+    print(header(info))
     rows = []
     jobs = [] if args.memory_only else [("speed", n, m) for n in args.tokenizers
                                          for m in ("single", "2 threads")]

@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, SHARED, corpus, documents, machine, write_json  # noqa: E402
+from common import RESULTS, SHARED, corpus, documents, header, machine, write_json  # noqa: E402
 
 import dtok  # noqa: E402
 from dtok.chat import detect_style, render_turns  # noqa: E402
@@ -232,8 +232,7 @@ def main() -> None:
                     help="kind of text of the 1M-character stateless documents")
     args = ap.parse_args()
     info = machine()
-    print(f"# {info['cpu']}, {info['cpus_usable']} usable CPUs, load {info['loadavg_at_start']}, "
-          f"tokenizers {info['tokenizers']}, {info['date']}")
+    print(header(info))
     tok = dtok.Tokenizer.from_file(SHARED / "tokenizers" / args.tokenizer, content_lookup=False)
     print(f"# {args.tokenizer} ({tok.encoder.name}), {args.sessions} sessions x "
           f"{args.context:,} chars, appends {args.append_chars} chars at {args.rate}/s, "

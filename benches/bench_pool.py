@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 os.environ["FASTOKENS_BPE_THREADS"] = "1"  # before fastokens is used: one encoder thread
 
-from common import RESULTS, SHARED, corpus, machine, summary, write_json  # noqa: E402
+from common import RESULTS, SHARED, corpus, header, machine, summary, write_json  # noqa: E402
 
 import dtok  # noqa: E402
 
@@ -74,8 +74,7 @@ def main() -> None:
     ap.add_argument("--stateless-calls", type=int, default=40)
     args = ap.parse_args()
     info = machine()
-    print(f"# {info['cpu']}, {info['cpus_usable']} usable CPUs, load {info['loadavg_at_start']}, "
-          f"tokenizers {info['tokenizers']}, {info['date']}")
+    print(header(info))
     path = str(SHARED / "tokenizers" / args.tokenizer)
     tok = dtok.Tokenizer.from_file(path, content_lookup=False)
     src = corpus("prose", "gutenberg-2701_moby-dick.txt") * 2

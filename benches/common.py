@@ -45,6 +45,12 @@ def machine() -> dict:
     }
 
 
+def header(info: dict) -> str:
+    """The line each benchmark prints first: where and when it ran."""
+    return (f"# {info['cpu']}, {info['cpus_usable']} usable CPUs, load "
+            f"{info['loadavg_at_start']}, tokenizers {info['tokenizers']}, {info['date']}")
+
+
 def summary(samples_s: list[float]) -> dict:
     ms = sorted(x * 1e3 for x in samples_s)
     p99 = ms[min(len(ms) - 1, int(round(0.99 * (len(ms) - 1))))]

@@ -45,13 +45,20 @@ class Admission:
 
 @dataclass(frozen=True)
 class TokenizerFiles:
-    """The files behind one tokenizer: tokenizer.json (bytes, parsed) and its optional config."""
+    """The files behind one tokenizer: tokenizer.json (bytes) and its optional config (parsed)."""
 
     path: Path
     raw: bytes
-    spec: dict[str, Any]
     config: dict[str, Any] | None
     config_path: Path | None
+
+    def spec(self) -> dict[str, Any]:
+        """tokenizer.json parsed, on each call: not kept, because a 150K-entry vocabulary and
+        its merges are ~50 MB of Python objects that dtok needs only while admitting."""
+        try:
+            return json.loads(self.raw)
+        except ValueError as exc:
+            raise ValueError(f"{self.path} is not valid JSON: {exc}") from None
 
 
 def read_files(path: str | Path) -> TokenizerFiles:
@@ -62,10 +69,6 @@ def read_files(path: str | Path) -> TokenizerFiles:
     if not path.is_file():
         raise FileNotFoundError(f"no tokenizer file at {path}")
     raw = path.read_bytes()
-    try:
-        spec = json.loads(raw)
-    except ValueError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from None
     config_path = path.parent / "tokenizer_config.json"
     config = None
     if config_path.is_file():
@@ -75,7 +78,7 @@ def read_files(path: str | Path) -> TokenizerFiles:
             raise ValueError(f"{config_path} is not valid JSON: {exc}") from None
     else:
         config_path = None
-    return TokenizerFiles(path, raw, spec, config, config_path)
+    return TokenizerFiles(path, raw, config, config_path)
 
 
 def bundled_files() -> TokenizerFiles:
@@ -86,7 +89,7 @@ def bundled_files() -> TokenizerFiles:
     data = resources.files("dtok") / "data" / "qwen3"
     raw = gzip.decompress((data / "tokenizer.json.gz").read_bytes())
     config = json.loads((data / "tokenizer_config.json").read_bytes())
-    return TokenizerFiles(Path(str(data / "tokenizer.json.gz")), raw, json.loads(raw), config,
+    return TokenizerFiles(Path(str(data / "tokenizer.json.gz")), raw, config,
                           Path(str(data / "tokenizer_config.json")))
 
 
@@ -149,9 +152,9 @@ def _prefix_suffix(templates: list[dict]) -> tuple[tuple[int, ...], tuple[int, .
     return tuple(prefix), tuple(suffix)
 
 
-def admit(files: TokenizerFiles, reference) -> Admission:
-    """Decide admission for ``files``; ``reference`` is the loaded ``tokenizers.Tokenizer``."""
-    spec = files.spec
+def admit(files: TokenizerFiles, spec: dict[str, Any], reference) -> Admission:
+    """Decide admission for ``files`` (``spec``: its tokenizer.json parsed); ``reference`` is
+    the loaded ``tokenizers.Tokenizer``."""
     sha = hashlib.sha256(files.raw).hexdigest()
     refused: list[str] = []
     notes: list[str] = []

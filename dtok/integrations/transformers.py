@@ -77,7 +77,7 @@ class DtokTransformersTokenizer:
         spec["padding"] = None
         raw = json.dumps(spec, ensure_ascii=False).encode("utf-8")
         name = getattr(self.hf, "name_or_path", "") or "transformers"
-        files = TokenizerFiles(Path(f"<transformers:{name}>"), raw, spec, None, None)
+        files = TokenizerFiles(Path(f"<transformers:{name}>"), raw, None, None)
         self.dtok = Tokenizer(files, **self._knobs)
         self._fingerprint = self._state()
 
