@@ -246,6 +246,36 @@ def test_scheduling_order(order):
         assert done == expected
 
 
+def test_estimates_start_from_the_encoder_and_rekey_when_they_move():
+    from dtok.pool.scheduler import Estimator
+
+    fast, ref = Estimator("sjf", 1.0, "fastokens"), Estimator("sjf", 1.0, "reference")
+    assert ref.estimate_ms("chunk", 65536) > 20 * fast.estimate_ms("chunk", 65536)
+    # chunks measured 50x slower than guessed: the queued keys are stale after a few tasks
+    moves = [fast.observe("chunk", 65536, 100.0) for _ in range(40)]
+    assert any(moves) and fast.estimate_ms("chunk", 65536) > 50
+    assert not any(Estimator("fifo", 1.0).observe("chunk", 65536, 100.0) for _ in range(40))
+
+
+def test_append_overtakes_a_queued_burst():
+    """Shortest first: a session append that arrives while a burst of chunks is queued runs
+    before the burst's remaining chunks (reference encoder: the burst takes seconds)."""
+    tok = load_tokenizer("llama3", encoder="reference")
+    text = read_text("prose", "gutenberg-2701_moby-dick.txt")
+    with Pool(tok, workers=2, name="overtake", order="sjf", aging=0.1, chunk_threshold=65536,
+              chunk_target=32768, chunks_per_worker=8) as pool:
+        context = text[:20_000]
+        pool.encode(context, session="s")
+        docs = [pool.submit(text[i * 300_000:(i + 1) * 300_000 + 200_000]) for i in range(3)]
+        time.sleep(0.1)
+        ids = pool.encode(context + " and one more turn", session="s")
+        pending = sum(not d.done() for d in docs)
+        for d in docs:
+            d.result(timeout=120)
+        assert list(ids) == ref_ids(tok, context + " and one more turn")
+        assert pending >= 2, "the append waited behind the burst"
+
+
 def test_task_heap_matches_heapq():
     rng = random.Random(0)
     h, ref = TaskHeap(), []

@@ -69,7 +69,7 @@ class _Request:
 
 class _Task:
     __slots__ = ("op", "kind", "req", "index", "text", "tail", "weight", "seq", "key",
-                 "seg_gen", "old_seg_gen", "capacity", "sent_at")
+                 "arrival", "seg_gen", "old_seg_gen", "capacity", "sent_at")
 
     def __init__(self, op, kind, req, text, weight, index=0):
         self.op, self.kind, self.req, self.text, self.weight, self.index = (
@@ -77,6 +77,7 @@ class _Task:
         self.tail = ""
         self.seq = 0
         self.key = 0.0
+        self.arrival = None  # ms since the pool started, set when first queued
         self.seg_gen = self.old_seg_gen = self.capacity = 0
         self.sent_at = 0.0
 
@@ -291,6 +292,7 @@ class Pool:
         self.zygote_pid = event["pid"]
         self._res.loaded = True
         self.encoder_name = event["encoder"]
+        self.estimator.start(self.encoder_name)
         for w in self._workers:
             self._zygote_send({"cmd": "fork", "index": w.index})
         for _ in self._workers:
@@ -504,8 +506,17 @@ class Pool:
 
     def _push(self, worker: _Worker | None, task: _Task) -> None:
         task.seq = next(self._seq)
-        task.key = self.estimator.key(task.kind, task.weight, self._arrival_ms())
+        if task.arrival is None:  # a task queued again (a tail was needed) keeps its place
+            task.arrival = self._arrival_ms()
+        task.key = self.estimator.key(task.kind, task.weight, task.arrival)
         (worker.local if worker is not None else self._shared).push(task.key, task.seq, task)
+
+    def _rekey(self) -> None:
+        """Recompute every queued task's key with the current estimates."""
+        for heap in [self._shared] + [w.local for w in self._workers]:
+            for task in heap.drain():
+                task.key = self.estimator.key(task.kind, task.weight, task.arrival)
+                heap.push(task.key, task.seq, task)
 
     def _push_stateless(self, task: _Task) -> None:
         """A whole stateless request: the shared queue, or (the per-worker FIFO design of the
@@ -674,7 +685,8 @@ class Pool:
     def _complete(self, w: _Worker, task: _Task) -> None:
         c = w.control
         status = c.status
-        self.estimator.observe(task.kind, task.weight, c.service_ms)
+        if self.estimator.observe(task.kind, task.weight, c.service_ms):
+            self._rekey()
         req = task.req
         if status == P.ST_ERROR:
             self._counts["errors"] += 1

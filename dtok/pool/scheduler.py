@@ -5,9 +5,16 @@ both in milliseconds. That orders tasks exactly as the estimate minus a credit t
 ``aging`` milliseconds per millisecond of waiting, and it never changes while the task waits, so
 each queue is a heap (:class:`dtok_ext.heap.TaskHeap`).
 
-The estimate for N characters is ``a + b_kind * N * (1 + 5 s)``, s the non-ASCII share; each
-kind's per-character cost ``b`` moves toward the measured one after every task (exponentially
-weighted, weight 0.05). The estimate only orders queues, so it may be rough.
+The estimate for N characters is ``a + b * N * (1 + 5 s)``, s the non-ASCII share. There are two
+per-character costs ``b``: one for encoding a text (stateless requests, chunks, session
+initializations), one per appended character of a session append (which also re-encodes a
+tail). Each starts from the encoder's typical cost and moves toward the measured one after every
+task (exponentially weighted, weight 0.05).
+
+The keys of queued tasks were computed with the costs of their arrival. When a cost moves by
+more than a factor of two from those (a cold start, an encoder 50x slower than the default
+guess), :meth:`Estimator.observe` says so and the pool re-keys its queues: otherwise a burst
+queued with a too-small estimate would keep its place ahead of every later short task.
 """
 from __future__ import annotations
 
@@ -17,33 +24,52 @@ from dtok_ext.heap import nonascii_share
 
 FIXED_MS = 0.2
 WEIGHT = 0.05
-INITIAL_B = {"stateless": 3e-5, "chunk": 3e-5, "init": 3e-5, "append": 1e-5}
+REKEY_FACTOR = 2.0
+# ms per character at the start, by encoder (measured on the development machine, Qwen3)
+INITIAL_B = {"fastokens": 3e-5, "reference": 1.5e-3}
+CLASS_OF = {"stateless": "encode", "chunk": "encode", "init": "encode", "append": "append"}
 
 
 class Estimator:
-    def __init__(self, order: str, aging: float) -> None:
+    def __init__(self, order: str, aging: float, encoder: str = "fastokens") -> None:
         if order not in ("sjf", "fifo"):
             raise ValueError(f"order must be 'sjf' or 'fifo', got {order!r}")
+        if not aging >= 0:
+            raise ValueError(f"aging must be >= 0, got {aging!r}")
         self.order = order
         self.aging = float(aging)
-        self.b = dict(INITIAL_B)
         self._lock = threading.Lock()
+        self.start(encoder)
+
+    def start(self, encoder: str | None) -> None:
+        """Begin from the typical costs of ``encoder`` (the workers' encoder)."""
+        b = INITIAL_B.get(encoder or "", INITIAL_B["fastokens"])
+        with self._lock:
+            self.b = {"encode": b, "append": b}
+            self._keyed_b = dict(self.b)
 
     def weight(self, text: str) -> float:
         """N * (1 + 5 s) for a text."""
         return len(text) * (1.0 + 5.0 * nonascii_share(text))
 
     def estimate_ms(self, kind: str, weight: float) -> float:
-        return FIXED_MS + self.b[kind] * weight
+        return FIXED_MS + self.b[CLASS_OF[kind]] * weight
 
     def key(self, kind: str, weight: float, arrival_ms: float) -> float:
         if self.order == "fifo":
             return arrival_ms
         return self.estimate_ms(kind, weight) + self.aging * arrival_ms
 
-    def observe(self, kind: str, weight: float, service_ms: float) -> None:
+    def observe(self, kind: str, weight: float, service_ms: float) -> bool:
+        """Learn from a finished task; True when queued keys should be recomputed."""
         if weight <= 0:
-            return
+            return False
+        cls = CLASS_OF[kind]
         measured = max(0.0, service_ms - FIXED_MS) / weight
         with self._lock:
-            self.b[kind] += WEIGHT * (measured - self.b[kind])
+            b = self.b[cls] = self.b[cls] + WEIGHT * (measured - self.b[cls])
+            old = self._keyed_b[cls]
+            if self.order == "sjf" and not old / REKEY_FACTOR <= b <= old * REKEY_FACTOR:
+                self._keyed_b = dict(self.b)
+                return True
+        return False
