@@ -17,4 +17,6 @@ def __getattr__(name):  # the pool needs posix_ipc: import it only when asked fo
 
         return getattr(pool, name)
     raise AttributeError(f"module 'dtok' has no attribute {name!r}")
+
+
 __version__ = "0.1.0"
