@@ -247,20 +247,17 @@ class Tokenizer:
 
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True
                      ) -> list[memoryview]:
-        """:meth:`encode` for each text; the short ones go to the reference together.
+        """:meth:`encode` for each text; the short ones are encoded together in one call.
 
         >>> tok = Tokenizer.default()
         >>> [list(v) for v in tok.encode_batch(["a b", "c"])]
         [[64, 293], [66]]
         """
-        if (not isinstance(texts, (list, tuple)) or type(add_special_tokens) is not bool
-                or any(type(t) is not str for t in texts)):
-            # Pairs, odd sequences and bad items: the reference decides (and raises its errors).
+        if (self.rules is None or not isinstance(texts, (list, tuple))
+                or type(add_special_tokens) is not bool or any(type(t) is not str for t in texts)):
+            # Not admitted, or pairs, odd sequences and bad items: the reference decides (and
+            # raises its errors).
             encs = self.reference.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
-            return [memoryview(ids_from_list(e.ids)) for e in encs]
-        if self.rules is None:
-            encs = self.reference.encode_batch_fast(list(texts),
-                                                    add_special_tokens=add_special_tokens)
             return [memoryview(ids_from_list(e.ids)) for e in encs]
         a = self.admission
         prefix, suffix = (a.prefix, a.suffix) if add_special_tokens else ((), ())
@@ -321,10 +318,7 @@ class Tokenizer:
         results: list = [None] * len(owner)
         pending = {}
         if slow:
-            if batch:
-                for (j, _), ids in zip(slow, self.ref_encoder.encode_many([t for _, t in slow])):
-                    results[j] = ids
-            elif self.threads > 1 and (fast or len(slow) > 1):
+            if not batch and self.threads > 1 and (fast or len(slow) > 1):
                 pool = self._pool()
                 pending = {j: pool.submit(self.ref_encoder.encode, t) for j, t in slow}
             else:  # one call for all of them
