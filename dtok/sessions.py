@@ -23,7 +23,7 @@ import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Hashable
+from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 from dtok_ext.buffers import IdBuffer
 
@@ -32,6 +32,25 @@ if TYPE_CHECKING:
 
 LOOKUP_MIN_BYTES = 4096  # shorter texts cost less to encode than to look up
 _DIGEST_SIZE = 16
+
+
+def plan_repair(tok: "Tokenizer", text: str, old_len: int, n_ids: int,
+                ends_with: Callable[[int, list], bool]) -> tuple[int, list] | None:
+    """The repair of an append, for in-process sessions and pool workers alike.
+
+    ``text[:old_len]`` is the stored text (or its tail), whose IDs are ``n_ids`` long without
+    the suffix; ``ends_with(keep, parts)`` says whether the stored IDs hold ``parts`` from
+    ``keep`` on. Returns (how many stored IDs to keep, the buffers of the new tail), or None
+    when there is no safe cut near the old end or the stored IDs do not end as expected."""
+    b = tok.rules.repair_cut(text, old_len, tok.knobs["scan_budget"][-1])
+    if b < 0:
+        return None
+    old_tail = tok._encode_body(text[b:old_len]) if b < old_len else []
+    keep = n_ids - sum(len(p) for p in old_tail)
+    # Defence in depth: the stored IDs must end with the re-encoded old tail.
+    if keep < len(tok.admission.prefix) or not ends_with(keep, old_tail):
+        return None
+    return keep, tok._encode_body(text[b:])
 
 
 def _headroom(n: int) -> int:
@@ -191,17 +210,11 @@ class SessionStore:
         entry.text = text
 
     def _repair(self, buf: IdBuffer, old: str, new: str) -> IdBuffer | None:
-        tok = self._tok
-        suffix = tok.admission.suffix
-        b = tok.rules.repair_cut(new, len(old), tok.knobs["scan_budget"][-1])
-        if b < 0:
+        suffix = self._tok.admission.suffix
+        plan = plan_repair(self._tok, new, len(old), buf.length - len(suffix), buf.equals_at)
+        if plan is None:
             return None
-        old_tail = tok._encode_body(old[b:]) if b < len(old) else []
-        keep = buf.length - len(suffix) - sum(len(p) for p in old_tail)
-        # Defence in depth: the stored IDs must end with the re-encoded old tail.
-        if keep < len(tok.admission.prefix) or not buf.equals_at(keep, old_tail):
-            return None
-        new_tail = tok._encode_body(new[b:])
+        keep, new_tail = plan
         total = keep + sum(len(p) for p in new_tail) + len(suffix)
         return buf.splice(keep, new_tail, suffix, headroom=_headroom(total))
 

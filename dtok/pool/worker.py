@@ -18,6 +18,7 @@ from collections import OrderedDict
 
 from dtok.pool import protocol as P
 from dtok.pool.shm import Segment, semaphore
+from dtok.sessions import plan_repair
 from dtok_ext.shm import Control, copy_ids, ids_equal, read_str, write_ids
 
 
@@ -185,19 +186,14 @@ class Worker:
             if known is None or known[2] != c.session_version:
                 return P.ST_NEED_TAIL
             tail = known[0]
-        tok = self.tok
         window = tail + append
-        b = tok.rules.repair_cut(window, len(tail), tok.knobs["scan_budget"][-1])
-        if b < 0:
-            return P.ST_NO_CUT
         old_seg = self._segment(sid, c.old_seg_gen)
         n_prefix = len(self.prefix_ids)
-        old_tail = tok._encode_body(window[b : len(tail)]) if b < len(tail) else []
-        keep = n_prefix + c.n_body - sum(len(p) for p in old_tail)
-        # Defence in depth: the stored IDs must end with the re-encoded old tail.
-        if keep < n_prefix or not ids_equal(old_seg.map, keep, old_tail):
+        plan = plan_repair(self.tok, window, len(tail), n_prefix + c.n_body,
+                           lambda keep, parts: ids_equal(old_seg.map, keep, parts))
+        if plan is None:
             return P.ST_NO_CUT
-        new_tail = tok._encode_body(window[b:])
+        keep, new_tail = plan
         new_seg = old_seg
         if c.seg_gen != c.old_seg_gen:  # copy on write: callers still hold views of the old IDs
             new_seg = self._segment(sid, c.seg_gen)
