@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import SHARED, documents, header, machine, summary, write_json  # noqa: E402
+from common import SHARED, documents, header, machine, smaps, summary, write_json  # noqa: E402
 
 KINDS = ("prose", "code", "multilingual")
 
@@ -41,13 +41,12 @@ def memory() -> dict:
         if line.startswith(("VmRSS", "VmHWM")):
             k, v = line.split(":")
             out[k] = int(v.split()[0]) / 1024
+    out = {k: round(v, 1) for k, v in out.items()}
     try:
-        for line in open("/proc/self/smaps_rollup"):
-            if line.startswith("Pss:"):
-                out["Pss"] = int(line.split()[1]) / 1024
+        out["Pss"] = smaps()["Pss"]
     except OSError:
         pass
-    return {k: round(v, 1) for k, v in out.items()}
+    return out
 
 
 def timed(fn):

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Memory of a dtok.Pool: PSS and private memory of the zygote and of each worker, idle and
-after 1M-character sessions (two per worker on average) and a chunked 1M document (seed 004's method: PSS from smaps_rollup, so a
-page shared by n processes counts 1/n in each; private dirty pages are what a worker adds).
+after 1M-character sessions (two per worker on average) and a chunked 1M document (seed 004's
+method: PSS from smaps_rollup, so a page shared by n processes counts 1/n in each; private dirty
+pages are what a worker adds).
 
     python benches/bench_pool_memory.py [--tokenizers qwen3 llama3] [--workers 2 4]
 
@@ -17,19 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import SHARED, corpus, header, machine, write_json  # noqa: E402
-
-FIELDS = ("Rss", "Pss", "Private_Clean", "Private_Dirty", "Shared_Clean", "Shared_Dirty")
-
-
-def smaps(pid: int) -> dict:
-    out = {}
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            key = line.split(":")[0]
-            if key in FIELDS:
-                out[key] = round(int(line.split()[1]) / 1024, 1)
-    return out
+from common import SHARED, corpus, header, machine, smaps, write_json  # noqa: E402
 
 
 def child(name: str, workers: int) -> dict:

@@ -45,6 +45,21 @@ def machine() -> dict:
     }
 
 
+SMAPS_FIELDS = ("Rss", "Pss", "Private_Clean", "Private_Dirty", "Shared_Clean", "Shared_Dirty")
+
+
+def smaps(pid: int | str = "self") -> dict:
+    """Memory of a process from /proc/PID/smaps_rollup, in MiB (Rss, Pss, private and shared
+    pages): PSS counts a page shared by n processes 1/n in each (seed 004's method)."""
+    out = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            key = line.split(":")[0]
+            if key in SMAPS_FIELDS:
+                out[key] = round(int(line.split()[1]) / 1024, 1)
+    return out
+
+
 def header(info: dict) -> str:
     """The line each benchmark prints first: where and when it ran."""
     return (f"# {info['cpu']}, {info['cpus_usable']} usable CPUs, load "
