@@ -69,7 +69,8 @@ def test_sessions_and_fallbacks(name):
     assert tok("a b", return_offsets_mapping=True)["offset_mapping"] == \
         h("a b", return_offsets_mapping=True)["offset_mapping"]
     np_out = tok(["one two", "six ten"], return_tensors="np")["input_ids"]
-    assert np_out.tolist() == h(["one two", "six ten"], return_tensors="np")["input_ids"].tolist()
+    rows = lambda a: [list(map(int, r)) for r in a]  # noqa: E731 - ragged under a small vocabulary
+    assert rows(np_out) == rows(h(["one two", "six ten"], return_tensors="np")["input_ids"])
     assert tok.decode(tok.encode("round trip")) == h.decode(h.encode("round trip"))
 
 
