@@ -141,7 +141,7 @@ def _read(path: Path) -> str:
 
 
 @lru_cache(maxsize=None)
-def _repo_text(folder: str, name: str) -> str:
+def repo_text(folder: str, name: str) -> str:
     """A corpus file's text from the repository: its copy, or its stand-in."""
     copy = _corpus_copy(folder, name)
     if copy is not None:
@@ -149,7 +149,7 @@ def _repo_text(folder: str, name: str) -> str:
     if (folder, name) not in STAND_INS:
         _missing(f"{SHARED / 'corpus' / folder / name} (only in ../shared; no stand-in)")
     sources, chars = STAND_INS[(folder, name)]
-    text = "\n".join(_read(s) if isinstance(s, Path) else _repo_text(*s) for s in sources)
+    text = "\n".join(_read(s) if isinstance(s, Path) else repo_text(*s) for s in sources)
     return text if chars is None else (text * (chars // len(text) + 1))[:chars]
 
 
@@ -172,7 +172,7 @@ def shared_path(*parts: str) -> Path:
         out = _scratch().joinpath(*parts)
         if not out.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(_repo_text(*parts[1:]), encoding="utf-8", newline="")
+            out.write_text(repo_text(*parts[1:]), encoding="utf-8", newline="")
         return out
     _missing(str(path))
 
@@ -182,7 +182,7 @@ def read_text(*parts: str) -> str:
     if HAVE_SHARED or REQUIRE_SHARED:
         with open(shared_path("corpus", *parts), encoding="utf-8", newline="") as f:
             return f.read()
-    return _repo_text(*parts)
+    return repo_text(*parts)
 
 
 _TOKENIZERS: dict[object, object] = {}

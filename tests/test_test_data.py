@@ -12,8 +12,10 @@ import sys
 import pytest
 
 import dtok
+from battery import battery_texts, check_cuts, check_repairs, checks_disabled
 from conftest import (DATA, FAMILY_OF, HAVE_SHARED, IN_REPO, REQUIRE_SHARED, ROOT, STAND_INS,
-                      TINY_FILES, _repo_text, read_text, shared_path, tokenizer_path)
+                      TINY_FILES, load_tokenizer, read_text, repo_text, shared_path,
+                      tokenizer_path)
 from dtok.encoders import fastokens_version
 
 sys.path.insert(0, str(ROOT / "tools"))
@@ -58,6 +60,17 @@ def test_tiny_file_uses_the_fast_encoder_behind_its_guards(name):
     tok = dtok.Tokenizer.from_file(tokenizer_path(name))
     assert tok.encoder.name == "fastokens", tok.stats()
     assert "guard table" in " ".join(tok.stats()["notes"])
+
+
+def test_nfc_control_finds_differences_on_the_tiny_nfc_file():
+    """The battery's NFC control (test_exactness.py runs it on the real Qwen3) also sees a missing
+    NFC check on qwen3-tiny: the small vocabulary does not hide what NFC does to cuts."""
+    tok = load_tokenizer("qwen3-tiny")
+    texts = battery_texts(tok)
+    with checks_disabled(tok, nfc=True):
+        assert len(check_cuts(tok, texts, stop_after=20)) >= 20
+        assert len(check_repairs(tok, texts, stop_after=20)) >= 20
+    assert not check_cuts(tok, texts)
 
 
 @needs_shared
@@ -106,7 +119,7 @@ def test_gpt_oss_copy_is_the_real_file():
 
 def test_stand_ins_have_the_length_of_what_they_stand_for():
     for (folder, name), (_sources, chars) in STAND_INS.items():
-        text = _repo_text(folder, name)
+        text = repo_text(folder, name)
         assert text and (chars is None or len(text) == chars), name
         if HAVE_SHARED and chars is not None:
             assert len(read_text(folder, name)) == chars, name

@@ -63,10 +63,15 @@ def find_python(spec: str) -> Path:
 
 
 def fresh_checkout(dest: Path) -> Path:
-    """The files a fresh clone has: tracked ones, and untracked ones git does not ignore."""
-    files = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                cwd=ROOT).stdout.split("\0")
-    for name in filter(None, files):
+    """The files a fresh clone has: tracked ones, and untracked ones git does not ignore (outside
+    a git checkout, e.g. an unpacked sdist: everything but build products and environments)."""
+    listing = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                  cwd=ROOT, check=False)
+    if listing.returncode != 0:
+        shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(
+            ".venv*", ".ci-venv", "build", "dist", "*.egg-info", "__pycache__", "*.so", "*.c"))
+        return dest
+    for name in filter(None, listing.stdout.split("\0")):
         src = ROOT / name
         if src.is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
