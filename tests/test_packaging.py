@@ -9,7 +9,6 @@ import tarfile
 import zipfile
 
 import pytest
-from setuptools import find_packages
 
 from conftest import ROOT
 
@@ -19,13 +18,15 @@ import check_packaging  # noqa: E402
 source_tree = pytest.mark.skipif(not (ROOT / "dtok").is_dir(),
                                  reason="no source tree here (testing an installed package)")
 needs_build = pytest.mark.skipif(
-    importlib.util.find_spec("build") is None or importlib.util.find_spec("Cython") is None,
-    reason="`build` and Cython (the test extra) are not installed")
+    not all(importlib.util.find_spec(m) for m in ("build", "Cython", "setuptools", "wheel")),
+    reason="build, setuptools, wheel and Cython (the test extra) are not installed")
 
 
 @source_tree
 def test_every_package_is_found():
     tomllib = pytest.importorskip("tomllib", reason="tomllib is new in Python 3.11")
+    from setuptools import find_packages
+
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
     include = cfg["tool"]["setuptools"]["packages"]["find"]["include"]
     found = set(find_packages(where=ROOT, include=include))
