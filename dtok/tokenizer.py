@@ -18,7 +18,7 @@ from dtok_ext.buffers import IdBuffer, ids_from_list
 from dtok_ext.cuts import CutRules
 from dtok_ext.specials import SpecialMatcher
 
-__all__ = ["Tokenizer", "KNOBS"]
+__all__ = ["Tokenizer", "Bodies", "KNOBS"]
 
 log = logging.getLogger("dtok")
 
@@ -33,6 +33,8 @@ KNOBS: dict[str, Any] = {
     "max_sessions": 4096,  # keyed sessions kept
     "session_bytes": 128 << 20,  # text + IDs kept for sessions and content lookup (LRU)
     "lookup_entries": 1024,  # content-lookup entries kept (oldest dropped first)
+    "anchor_spacing": 2048,  # sessions record a cut with its token index about this often (chars)
+    "edit_budget": 1 << 22,  # characters of alignment work an edited session may spend
     "encoder": "auto",  # "auto" (fast where admitted and guarded), "fast", "reference"
 }
 ENCODERS = ("auto", "fast", "reference")
@@ -63,7 +65,7 @@ def _validated(knobs: dict[str, Any]) -> dict[str, Any]:
         raise TypeError(f"unknown knob(s): {', '.join(sorted(unknown))}")
     k = {**KNOBS, **knobs}
     for name in ("chunk_threshold", "chunk_target", "max_chunks", "max_sessions",
-                 "session_bytes", "lookup_entries"):
+                 "session_bytes", "lookup_entries", "anchor_spacing", "edit_budget"):
         if type(k[name]) is not int or k[name] < 1:
             raise ValueError(f"{name} must be a positive int, got {k[name]!r}")
     if k["threads"] is not None and (type(k["threads"]) is not int or k["threads"] < 1):
@@ -166,10 +168,13 @@ class Tokenizer:
         self._pieces = {"fast": 0, "reference": 0}
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
+        self.bodies = Bodies(self)
         self.sessions = SessionStore(
-            self, max_sessions=self.knobs["max_sessions"], session_bytes=self.knobs["session_bytes"],
-            lookup_entries=self.knobs["lookup_entries"],
-            content_lookup=self.knobs["content_lookup"])
+            self.bodies, max_sessions=self.knobs["max_sessions"],
+            session_bytes=self.knobs["session_bytes"], lookup_entries=self.knobs["lookup_entries"],
+            content_lookup=self.knobs["content_lookup"],
+            scan_budget=self.knobs["scan_budget"][-1], anchor_spacing=self.knobs["anchor_spacing"],
+            edit_budget=self.knobs["edit_budget"])
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **knobs: Any) -> "Tokenizer":
@@ -446,20 +451,12 @@ class Tokenizer:
         if self.rules is None:
             return {**info, "route": "reference",
                     "why": "not admitted: " + "; ".join(self.admission.reasons)}
-        if session is not None:
-            entry = self.sessions._keyed.get(session)
-            old = entry.text if entry is not None else None
-            if old is not None and text.startswith(old):
-                if len(text) == len(old):
-                    return {**info, "route": "session hit", "why": "same text as stored"}
-                b = self.rules.repair_cut(text, len(old), self.knobs["scan_budget"][-1])
-                if b >= 0:
-                    return {**info, "route": "session repair", "cuts": [b],
-                            "why": f"splice at {b}: re-encode {len(old) - b} old and "
-                                   f"{len(text) - b} new characters"}
-                info["session"] = "no safe cut near the end of the stored text: encode whole"
-            else:
-                info["session"] = "new session or the stored text is not a prefix: encode whole"
+        if session is not None or self.sessions.content_lookup:
+            found = self.sessions.explain(text, session)
+            if found.get("route", "").startswith("session") and found["route"] != "session encode":
+                return {**info, **found}
+            if found:
+                info["session"] = found["why"]
         n = len(text)
         if n < self.knobs["chunk_threshold"]:
             return {**info, "route": "whole", "chunk_routes": self._routes_of([text]),
@@ -510,3 +507,24 @@ class Tokenizer:
         a = self.admission
         state = f"family={a.family}" if a.admitted else "not admitted"
         return f"<dtok.Tokenizer {self.files.path} {state} encoder={self.encoder.name}>"
+
+
+class Bodies:
+    """The encoder of bodies that sessions and pool workers use (:class:`dtok.sessions.
+    BodyEncoder`): the tokenizer's cut rules, its post-processing affixes, independent encodes
+    of texts, and the whole-text route."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self._tok = tok
+        self.rules = tok.rules
+        self.prefix = tok.admission.prefix
+        self.suffix = tok.admission.suffix
+
+    def encode_texts(self, texts: list[str]) -> list[list]:
+        """Body IDs (no post-processing) of each text, encoded independently."""
+        return self._tok._encode_pieces(texts)
+
+    def encode_whole(self, text: str, headroom: int = 0) -> IdBuffer:
+        """prefix + IDs + suffix by the stateless route (the reference's exception for input it
+        rejects)."""
+        return self._tok._encode_buffer(text, headroom)

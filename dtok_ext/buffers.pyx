@@ -193,3 +193,21 @@ def concat_ids(parts, prefix=(), suffix=()):
 def ids_from_list(list ids):
     """IdBuffer from a list of ints (the reference's Encoding.ids)."""
     return IdBuffer.concat((ids,))
+
+
+def equal_ids(buffer, Py_ssize_t pos, parts):
+    """buffer (int32) holds the concatenated int32 parts from index pos on."""
+    cdef const int[::1] data = buffer
+    cdef const int[::1] view
+    cdef Py_ssize_t n
+    if pos < 0:
+        return False
+    for p in parts:
+        view = p
+        n = view.shape[0]
+        if pos + n > data.shape[0]:
+            return False
+        if n and memcmp(&data[pos], &view[0], n * sizeof(int)) != 0:
+            return False
+        pos += n
+    return True

@@ -48,6 +48,7 @@ cdef class CutRules:
         self._normalize = normalize
         self._check_nfc = True
         self._check_specials = True
+        self._check_new_text = True
 
     cdef int verdict(self, const UText* t, Py_ssize_t b, Py_ssize_t limit) noexcept nogil:
         cdef unsigned char x, y, z
@@ -371,3 +372,61 @@ cdef class CutRules:
         if old_len < len(new) and self.resolve(new, &t, old_len, len(new)) != NOT_SAFE:
             return old_len
         return self.scan_back(new, old_len - 1, old_len - budget, old_len)
+
+    # Continuations (dtok.repair): cuts of two texts at once, and anchor grids.
+
+    @property
+    def context(self):
+        """How far the verdict at b reads on either side of b (NFC window, added-token
+        occurrences reaching b and the occurrences that could shadow them, the transition pair),
+        so that two texts equal on [b - context, b + context] that reach neither end of either
+        text within it get the same verdict at b."""
+        return NFC_WINDOW + 2 * self.specials.max_len + 2
+
+    cdef bint cut_or_end(self, str text, const UText* t, Py_ssize_t b) except -1:
+        if b == 0 or b == t.length:
+            return True
+        return self.resolve(text, t, b, t.length) != NOT_SAFE
+
+    def seam(self, str old not None, Py_ssize_t old_pos, str new not None, Py_ssize_t new_pos,
+             Py_ssize_t count, int direction):
+        """The first d in 0..count such that old_pos + d*direction is a cut of old and
+        new_pos + d*direction is a cut of new (a cut: a safe cut of the whole text, or either end
+        of it); -1 if none. direction is +1 (forward) or -1 (backward)."""
+        cdef UText o = utext_of(old), n = utext_of(new)
+        cdef Py_ssize_t d, a, b
+        if direction not in (1, -1):
+            raise ValueError("direction must be +1 or -1")
+        for d in range(count + 1):
+            a = old_pos + d * direction
+            b = new_pos + d * direction
+            if a < 0 or b < 0 or a > o.length or b > n.length:
+                break
+            if self.cut_or_end(old, &o, a) and (not self._check_new_text
+                                                or self.cut_or_end(new, &n, b)):
+                return d
+        return -1
+
+    def grid(self, str text not None, Py_ssize_t start, Py_ssize_t end, Py_ssize_t spacing,
+             Py_ssize_t budget):
+        """Safe cuts of the whole text inside (start, end), about `spacing` apart: from each
+        tentative position (the previous cut + spacing) scan back at most `budget` characters,
+        never closer than spacing/4 to the previous cut or to `end`."""
+        cdef Py_ssize_t prev = start, target, lo, b, n = len(text)
+        cdef Py_ssize_t quarter = spacing // 4 if spacing >= 4 else 1
+        cdef array.array cuts = array.array("q")
+        if spacing < 1:
+            raise ValueError("spacing must be positive")
+        target = start + spacing
+        while target <= end - quarter:
+            lo = target - budget
+            if lo < prev + quarter:
+                lo = prev + quarter
+            b = self.scan_back(text, target, lo, n) if lo <= target else -1
+            if b > prev:
+                cuts.append(b)
+                prev = b
+                target = b + spacing
+            else:
+                target += spacing
+        return cuts.tolist()
