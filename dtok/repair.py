@@ -30,7 +30,8 @@ Nothing is guessed: when no such seams are found the text is encoded whole.
 
 Where the pieces come from: the common prefix of ``old`` and ``new`` (memory-speed compare),
 then stretches of ``old`` after the first difference that reappear in ``new``
-(:func:`dtok_ext.align.match_runs`, probes at the anchors, a bounded search); everything in
+(:func:`dtok_ext.align.match_runs`, a probe every ``spacing / 2`` characters, a bounded
+search); everything in
 between (the changed regions, short windows around the seams, the appended text) is fresh. A
 pure append is the special case with one reused piece, the prefix up to a cut at or before the
 end of ``old``.
@@ -167,17 +168,26 @@ class PlanKnobs:
     edit_budget: int  # characters of alignment work before the search stops
 
 
-def plan_encode(rules: CutRulesLike, text: str, knobs: PlanKnobs) -> Plan:
-    """A full encode on the anchor grid."""
-    plan = Plan("encode", 0, len(text))
-    _add_fresh(plan, rules, text, 0, len(text), knobs)
+def plan_text(rules: CutRulesLike, old: str | None, anchors: Anchors | None, new: str,
+              knobs: PlanKnobs, chunk_cuts: Callable[[str], list[int]]) -> Plan:
+    """The plan that brings the stored ``old`` (None: nothing stored) to ``new``: a
+    continuation when something can be reused, else a full encode cut where the stateless route
+    cuts (``chunk_cuts``: its chunk planner), whose cuts become the first anchors."""
+    if old is not None:
+        plan = plan_continuation(rules, old, anchors, new, knobs)
+        if plan.kind != "encode":
+            return plan
+    plan = Plan("encode", 0, len(new))
+    plan.ops.append(Fresh(0, len(new), chunk_cuts(new), 0))
+    bounds = [0, *plan.ops[0].cuts, len(new)]
+    plan.texts.extend(new[a:b] for a, b in zip(bounds, bounds[1:]))
     return plan
 
 
 def plan_continuation(rules: CutRulesLike, old: str, anchors: Anchors, new: str,
                       knobs: PlanKnobs) -> Plan:
-    """The plan that brings ``old`` (with ``anchors``) to ``new``; kind "encode" when nothing
-    can be reused."""
+    """The plan that brings ``old`` (with ``anchors``) to ``new``; kind "encode" (and no ops)
+    when nothing can be reused."""
     m, n = len(old), len(new)
     p = common_prefix(old, new)
     if p == m == n:
@@ -185,7 +195,7 @@ def plan_continuation(rules: CutRulesLike, old: str, anchors: Anchors, new: str,
     runs = [(0, p, 0)] if p else []
     work = p
     if p < m and p < n:
-        probes = anchors.offsets[anchors.between(p, m - PROBE_WIDTH)].tolist()
+        probes = range(p, m - PROBE_WIDTH + 1, max(PROBE_WIDTH, knobs.spacing // 2))
         found, w = match_runs(old, new, p, p, probes, PROBE_WIDTH, knobs.edit_budget)
         runs += [r for r in found if r[1] - r[0] >= knobs.spacing // 2]
         work += w
@@ -206,7 +216,7 @@ def plan_continuation(rules: CutRulesLike, old: str, anchors: Anchors, new: str,
                               _seam(plan, old, anchors, x1 - d1), (x0, x1, y0)))
         pos = y0 + length - d1
     if not plan.reused:
-        return plan_encode(rules, new, knobs)
+        return Plan("encode", m, n, prefix_len=p, work=work)
     if pos < n:
         _add_fresh(plan, rules, new, pos, n, knobs)
     return plan

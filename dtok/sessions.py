@@ -30,9 +30,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Protocol
 
-from dtok.repair import (Anchors, Plan, PlanKnobs, execute, next_anchors, plan_continuation,
-                         plan_encode)
-from dtok_ext.buffers import IdBuffer
+from dtok.repair import Anchors, Plan, PlanKnobs, execute, next_anchors, plan_text
+from dtok_ext.buffers import IdBuffer, IdList
 
 LOOKUP_MIN_BYTES = 4096  # shorter texts cost less to encode than to look up
 LOOKUP_DENSE_UNTIL = 1 << 16  # checkpoints double up to here, then repeat at this spacing
@@ -52,6 +51,9 @@ class BodyEncoder(Protocol):
     def encode_whole(self, text: str, headroom: int = 0) -> IdBuffer:
         """prefix + IDs + suffix of one text by the stateless route; for input the reference
         rejects, the reference's own exception."""
+
+    def chunk_cuts(self, text: str) -> list[int]:
+        """Where the stateless route cuts ``text`` into chunks (none for a short text)."""
 
 
 def _headroom(n: int) -> int:
@@ -82,6 +84,8 @@ class Entry:
     nbytes: int = 0  # accounted bytes: text object + ID buffer capacity + anchors
     evicted: bool = False
     used: int = 0  # store clock at last use (content lookup prefers the most recent)
+    unchanged: int = 0  # leading IDs (prefix included) the last request left as they were
+    lists: dict = field(default_factory=dict)  # add_special_tokens -> IdList (encode_list)
     end_key: tuple[int, bytes] | None = None  # content entries: (byte length, digest)
     ckpt_keys: tuple[tuple[int, bytes], ...] = ()
 
@@ -164,7 +168,10 @@ class SessionStore:
 
     # --- requests -------------------------------------------------------------------------
 
-    def encode_keyed(self, text: str, key: Hashable, add_special_tokens: bool) -> memoryview:
+    def encode_keyed(self, text: str, key: Hashable, add_special_tokens: bool,
+                     as_list: bool = False) -> memoryview | list:
+        """The IDs of ``text`` continued from the session ``key`` (a view, or with ``as_list`` a
+        list kept up to date in O(changed IDs): :class:`~dtok_ext.buffers.IdList`)."""
         with self._lock:
             entry = self._keyed.get(key)
             if entry is None:
@@ -174,14 +181,16 @@ class SessionStore:
         with entry.lock:
             try:
                 self._serve(entry, text)
+                return self._result(entry, add_special_tokens, as_list)
             finally:
                 with self._lock:
                     self._account(entry)
-            return self._view(entry.buf, add_special_tokens)
 
-    def encode_lookup(self, text: str, raw: bytes, add_special_tokens: bool) -> memoryview:
+    def encode_lookup(self, text: str, raw: bytes, add_special_tokens: bool,
+                      as_list: bool = False) -> memoryview | list:
         """Content lookup for a text of at least LOOKUP_MIN_BYTES UTF-8 bytes (``raw``): continue
-        from the stored text sharing the longest prefix, which the result then replaces."""
+        from the stored text sharing the longest prefix, which the result replaces when it
+        reused most of it."""
         found, end_key, ckpt_keys = self._find(raw)
         self._count("lookups")
         entry = Entry(None)
@@ -194,23 +203,28 @@ class SessionStore:
                             self._counts["hits"] += 1
                             if not found.evicted:
                                 self._touch(found)
-                        return self._view(found.buf, add_special_tokens)
+                        found.unchanged = len(found.buf)
+                        return self._result(found, add_special_tokens, as_list)
                     entry.text, entry.buf, entry.anchors = found.text, found.buf, found.anchors
                     reused = self._serve(entry, text)
-                    view = self._view(entry.buf, add_special_tokens)
                     # A continuation that reused most of the stored text replaces it; a fork that
                     # shares only a shorter prefix (another conversation) is kept beside it.
-                    self._publish(entry, end_key, ckpt_keys, found, reused,
-                                  replace=2 * reused >= len(found.text))
-                    return view
+                    replace = 2 * reused >= len(found.text)
+                    if replace:
+                        entry.lists = found.lists
+                    result = self._result(entry, add_special_tokens, as_list)
+                    self._publish(entry, end_key, ckpt_keys, found, reused, replace)
+                    return result
         self._serve(entry, text)
-        view = self._view(entry.buf, add_special_tokens)
+        result = self._result(entry, add_special_tokens, as_list)
         self._publish(entry, end_key, ckpt_keys)
-        return view
+        return result
 
     def explain(self, text: str, key: Hashable | None) -> dict[str, Any]:
-        """What a request for ``text`` would do (with ``key``, or by content lookup), and why;
-        changes no state."""
+        """What a request for ``text`` would do (with ``key``, or by content lookup), and why:
+        a continuation's route, seams and reused stretches; only a ``session`` note when the text
+        is encoded whole (by the stateless route, whose plan the caller explains). Changes no
+        state."""
         if key is not None:
             with self._lock:
                 entry = self._keyed.get(key)
@@ -226,16 +240,15 @@ class SessionStore:
             source = "content lookup"
         old = entry.text if entry is not None else None
         if old is None:
-            return {"route": "session encode" if key is not None else "",
-                    "why": f"no stored text for this {source}"}
-        plan = plan_continuation(self._bodies.rules, old, entry.anchors, text, self.plan_knobs)
-        route = {"hit": "session hit", "append": "session repair", "edit": "session edit",
-                 "encode": "session encode"}[plan.kind]
+            return {} if key is None else {"session": f"no stored text for this {source}"}
+        plan = self._plan(old, entry.anchors, text)
+        if plan.kind == "encode":
+            return {"session": f"{source}: nothing of the stored text can be reused"}
+        route = {"hit": "session hit", "append": "session repair", "edit": "session edit"}[plan.kind]
         why = {"hit": "same text as stored",
                "append": "the new text extends the stored one",
                "edit": f"the texts first differ at {plan.prefix_len} of {len(old)} stored "
-                       "characters; reusing the stretches found again",
-               "encode": "nothing of the stored text can be reused"}[plan.kind]
+                       "characters; reusing the stretches found again"}[plan.kind]
         desc = plan.describe()
         return {"route": route, "why": f"{source}: {why}", "cuts": desc["seams"], **desc}
 
@@ -244,13 +257,11 @@ class SessionStore:
     def _serve(self, entry: Entry, text: str) -> int:
         """Bring the entry to `text` (caller holds its lock); returns how many characters of the
         stored text were reused."""
-        rules, knobs = self._bodies.rules, self.plan_knobs
-        old = entry.text
-        plan = (plan_encode(rules, text, knobs) if old is None
-                else plan_continuation(rules, old, entry.anchors, text, knobs))
+        plan = self._plan(entry.text, entry.anchors, text)
         kind = {"hit": "hits", "append": "repairs", "edit": "edits",
                 "encode": "full_encodes"}[plan.kind]
         reused = len(text) if plan.kind == "hit" else plan.describe()["reused_chars"]
+        entry.unchanged = len(entry.buf) if plan.kind == "hit" else 0
         if plan.kind != "hit":
             try:
                 self._apply(entry, plan, text)
@@ -266,6 +277,10 @@ class SessionStore:
                 entry.text = text
         self._count(kind)
         return reused
+
+    def _plan(self, old: str | None, anchors: Anchors | None, text: str) -> Plan:
+        return plan_text(self._bodies.rules, old, anchors, text, self.plan_knobs,
+                         self._bodies.chunk_cuts)
 
     def _apply(self, entry: Entry, plan: Plan, text: str) -> None:
         b = self._bodies
@@ -284,6 +299,21 @@ class SessionStore:
             buf = entry.buf.splice(p + outcome.keep, outcome.tail, b.suffix, _headroom(total))
         outcome.tail.clear()
         entry.buf, entry.text, entry.anchors = buf, text, anchors
+        entry.unchanged = 0 if plan.kind == "encode" else p + outcome.keep
+
+    def _result(self, entry: Entry, special: bool, as_list: bool) -> memoryview | list:
+        """The entry's IDs for the caller: a view, or its kept list (caller holds its lock)."""
+        view = self._view(entry.buf, special)
+        if not as_list:
+            return view
+        lst = entry.lists.get(special)
+        if lst is None:
+            lst = entry.lists[special] = IdList()
+        keep = entry.unchanged if special else max(0, entry.unchanged - len(self._bodies.prefix))
+        try:
+            return lst.update(view, keep)
+        finally:
+            view.release()
 
     def _view(self, buf: IdBuffer, add_special_tokens: bool) -> memoryview:
         if add_special_tokens:
@@ -370,7 +400,8 @@ class SessionStore:
             self._remove(entry)
             return
         size = (sys.getsizeof(entry.text) + (entry.buf.nbytes if entry.buf is not None else 0)
-                + (entry.anchors.nbytes if entry.anchors is not None else 0))
+                + (entry.anchors.nbytes if entry.anchors is not None else 0)
+                + sum(lst.nbytes for lst in entry.lists.values()))
         self._bytes += size - entry.nbytes
         entry.nbytes = size
         self._touch(entry)

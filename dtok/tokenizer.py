@@ -18,7 +18,7 @@ from dtok_ext.buffers import IdBuffer, ids_from_list
 from dtok_ext.cuts import CutRules
 from dtok_ext.specials import SpecialMatcher
 
-__all__ = ["Tokenizer", "Bodies", "KNOBS"]
+__all__ = ["Tokenizer", "Bodies", "KNOBS", "chunk_count", "chunk_cuts"]
 
 log = logging.getLogger("dtok")
 
@@ -38,6 +38,20 @@ KNOBS: dict[str, Any] = {
     "encoder": "auto",  # "auto" (fast where admitted and guarded), "fast", "reference"
 }
 ENCODERS = ("auto", "fast", "reference")
+
+
+def chunk_count(n: int, chunk_target: int, max_chunks: int) -> int:
+    """How many chunks a text of n characters is cut into (the pool caps it further by its
+    live workers)."""
+    return min(math.ceil(n / chunk_target), max_chunks)
+
+
+def chunk_cuts(rules: CutRules, text: str, k: int, budgets) -> list[int]:
+    """Safe cuts for k chunks of text: no chunk shorter than max(16, min(1024, N / 4k))."""
+    n = len(text)
+    if k < 2 or n < 256:
+        return []
+    return rules.plan(text, k, max(16, min(1024, n // (4 * k))), budgets)
 
 
 def _release_free_heap() -> None:
@@ -234,21 +248,37 @@ class Tokenizer:
         >>> list(b)[: len(a)] == list(a), tok.sessions.stats()["repairs"]
         (True, 1)
         """
+        return self._encode(text, session, add_special_tokens, False)
+
+    def encode_list(self, text: str, *, session: Hashable | None = None,
+                    add_special_tokens: bool = True) -> list[int]:
+        """:meth:`encode` as a ``list[int]`` (what serving engines take). For a session (or a
+        content-lookup entry) the list is kept and updated for the changed IDs only, in place
+        when nobody else holds it; a list held elsewhere never changes.
+
+        >>> tok = Tokenizer.default()
+        >>> tok.encode_list("Hello, world!")
+        [9707, 11, 1879, 0]
+        """
+        return self._encode(text, session, add_special_tokens, True)
+
+    def _encode(self, text, session, add_special_tokens, as_list):
         if type(text) is not str or type(add_special_tokens) is not bool or self.rules is None:
-            return memoryview(self._whole(text, add_special_tokens))
+            view = memoryview(self._whole(text, add_special_tokens))
+            return view.tolist() if as_list else view
         if session is not None:
-            return self.sessions.encode_keyed(text, session, add_special_tokens)
+            return self.sessions.encode_keyed(text, session, add_special_tokens, as_list)
         if self.sessions.content_lookup and len(text) * 4 >= LOOKUP_MIN_BYTES:
             try:
                 raw = text.encode("utf-8")
             except UnicodeEncodeError:
                 raw = b""  # lone surrogates: the stateless route raises what the reference raises
             if len(raw) >= LOOKUP_MIN_BYTES:
-                return self.sessions.encode_lookup(text, raw, add_special_tokens)
+                return self.sessions.encode_lookup(text, raw, add_special_tokens, as_list)
         buf = self._encode_buffer(text)
-        if add_special_tokens:
-            return buf.view()
-        return buf.view(len(self.admission.prefix), buf.length - len(self.admission.suffix))
+        view = buf.view() if add_special_tokens else \
+            buf.view(len(self.admission.prefix), buf.length - len(self.admission.suffix))
+        return view.tolist() if as_list else view
 
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True
                      ) -> list[memoryview]:
@@ -407,15 +437,10 @@ class Tokenizer:
         return IdBuffer.concat(parts, a.prefix, a.suffix, headroom)
 
     def _chunk_count(self, n: int) -> int:
-        return min(math.ceil(n / self.knobs["chunk_target"]), self.knobs["max_chunks"])
+        return chunk_count(n, self.knobs["chunk_target"], self.knobs["max_chunks"])
 
     def _plan(self, text: str) -> list[int]:
-        n = len(text)
-        k = self._chunk_count(n)
-        if k < 2 or n < 256:
-            return []
-        min_chunk = max(16, min(1024, n // (4 * k)))
-        return self.rules.plan(text, k, min_chunk, self.knobs["scan_budget"])
+        return chunk_cuts(self.rules, text, self._chunk_count(len(text)), self.knobs["scan_budget"])
 
     def _map(self, fn, items: list) -> list:
         if self.threads == 1 or len(items) == 1:
@@ -452,11 +477,10 @@ class Tokenizer:
             return {**info, "route": "reference",
                     "why": "not admitted: " + "; ".join(self.admission.reasons)}
         if session is not None or self.sessions.content_lookup:
-            found = self.sessions.explain(text, session)
-            if found.get("route", "").startswith("session") and found["route"] != "session encode":
+            found = self.sessions.explain(text, session)  # a continuation, or only a note
+            if "route" in found:
                 return {**info, **found}
-            if found:
-                info["session"] = found["why"]
+            info.update(found)
         n = len(text)
         if n < self.knobs["chunk_threshold"]:
             return {**info, "route": "whole", "chunk_routes": self._routes_of([text]),
@@ -528,3 +552,8 @@ class Bodies:
         """prefix + IDs + suffix by the stateless route (the reference's exception for input it
         rejects)."""
         return self._tok._encode_buffer(text, headroom)
+
+    def chunk_cuts(self, text: str) -> list[int]:
+        """Where the stateless route cuts ``text`` (none below ``chunk_threshold``)."""
+        tok = self._tok
+        return tok._plan(text) if len(text) >= tok.knobs["chunk_threshold"] else []

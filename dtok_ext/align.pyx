@@ -6,9 +6,9 @@ Nothing here decides safety or IDs: these are string facts (every reported stret
 character for character in both texts), found at memory speed. :mod:`dtok.repair` turns them
 into reused ID slices, with seams checked as safe cuts.
 
-Stretches are found the way rsync finds blocks: the stored text's anchors (positions where the
-session knows a token index) each give a probe, the ``width`` characters that start there; the
-new text is scanned once with a rolling hash, each hash hit is compared character by character,
+Stretches are found the way rsync finds blocks: positions of the stored text (a regular grid)
+each give a probe, the ``width`` characters that start there; the new text is scanned once
+with a rolling hash, each hash hit is compared character by character,
 and a confirmed hit is extended backward and forward as far as the texts agree. The work is the
 scanned part of the new text (changed and appended text) plus the compared characters, bounded by
 a budget.
