@@ -43,10 +43,10 @@ reused stretch that lie at least ``CutRules.context`` characters from both ends 
 """
 from __future__ import annotations
 
+from array import array
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
-
-import numpy as np
 
 from dtok_ext.align import common_prefix, match_runs
 from dtok_ext.buffers import equal_ids
@@ -61,27 +61,26 @@ class Anchors:
     __slots__ = ("offsets", "tokens")
 
     def __init__(self, offsets: Sequence[int] = (0,), tokens: Sequence[int] = (0,)) -> None:
-        self.offsets = np.asarray(offsets, dtype=np.int64)
-        self.tokens = np.asarray(tokens, dtype=np.int64)
+        self.offsets = array("q", offsets)
+        self.tokens = array("q", tokens)
 
     def __len__(self) -> int:
         return len(self.offsets)
 
     @property
     def nbytes(self) -> int:
-        return self.offsets.nbytes + self.tokens.nbytes
+        return 8 * (len(self.offsets) + len(self.tokens))
 
     def nearest(self, pos: int) -> int:
         """Index of the anchor nearest to pos."""
-        i = int(np.searchsorted(self.offsets, pos))
+        i = bisect_left(self.offsets, pos)
         if i == len(self.offsets) or (i > 0 and pos - self.offsets[i - 1] <= self.offsets[i] - pos):
             return i - 1
         return i
 
-    def between(self, lo: int, hi: int) -> slice:
-        """The anchors with lo <= offset <= hi."""
-        return slice(int(np.searchsorted(self.offsets, lo, "left")),
-                     int(np.searchsorted(self.offsets, hi, "right")))
+    def between(self, lo: int, hi: int) -> tuple[int, int]:
+        """Index range of the anchors with lo <= offset <= hi."""
+        return bisect_left(self.offsets, lo), bisect_right(self.offsets, hi)
 
     def __repr__(self) -> str:
         return f"<Anchors {len(self)}: {list(zip(self.offsets[:6], self.tokens[:6]))}...>"
@@ -296,39 +295,46 @@ def execute(plan: Plan, encode_texts: Callable[[list[str]], list[list]], old_bod
 
 def next_anchors(plan: Plan, outcome: Outcome, old: Anchors, margin: int,
                  spacing: int) -> Anchors:
-    """The anchors of the new text (see the module docstring)."""
-    offsets: list = [np.zeros(1, np.int64)]
-    tokens: list = [np.zeros(1, np.int64)]
+    """The anchors of the new text (see the module docstring), about one per ``spacing / 2``
+    characters: an anchor closer than that to the one kept before it is dropped."""
+    gap = max(1, spacing // 2)
+    offsets, tokens = array("q", [0]), array("q", [0])
+
+    def add(o: int, tok: int) -> None:
+        if o - offsets[-1] >= gap:
+            offsets.append(o)
+            tokens.append(tok)
+
     t = 0  # token index in the new IDs
     reuse = iter(outcome.resolved)
     for op in plan.ops:
+        add(op.new_start, t)
         if isinstance(op, Reuse):
             t0, t1 = next(reuse)
             x0, x1, y0 = op.equal
             lo = x0 + (0 if x0 == 0 and y0 == 0 else margin)
             hi = x1 - (0 if x1 == plan.old_len and y0 + x1 - x0 == plan.new_len else margin)
-            inside = old.between(max(lo, op.old_start), min(hi, op.old_end))
-            offsets += [np.array([op.new_start]), old.offsets[inside] - op.old_start + op.new_start,
-                        np.array([op.new_end])]
-            tokens += [np.array([t]), old.tokens[inside] - t0 + t, np.array([t + t1 - t0])]
+            shift_o, shift_t = op.new_start - op.old_start, t - t0
+            i, j = old.between(max(lo, op.old_start, offsets[-1] + gap - shift_o),
+                               min(hi, op.old_end))
+            if shift_o == 0 and shift_t == 0:  # a kept prefix: its anchors as they are
+                offsets.extend(old.offsets[i:j])
+                tokens.extend(old.tokens[i:j])
+            else:
+                for k in range(i, j):
+                    add(old.offsets[k] + shift_o, old.tokens[k] + shift_t)
             t += t1 - t0
         else:
             counts = outcome.counts[op.first_text : op.first_text + len(op.cuts) + 1]
-            ends = t + np.cumsum(counts, dtype=np.int64)
-            offsets += [np.array([op.new_start]), np.array(op.cuts, np.int64),
-                        np.array([op.new_end])]
-            tokens += [np.array([t]), ends[:-1], ends[-1:]]
-            t = int(ends[-1])
-    return _thin(np.concatenate(offsets), np.concatenate(tokens), max(1, spacing // 2))
-
-
-def _thin(offsets: np.ndarray, tokens: np.ndarray, gap: int) -> Anchors:
-    """At most one anchor per `gap` characters (the first of each), and always the first and
-    the last; duplicates (a seam recorded by both of its pieces) collapse."""
-    keep = np.flatnonzero(np.diff(offsets // gap, prepend=-1))
-    last = len(offsets) - 1
-    if keep[-1] != last:
-        keep = np.append(keep, last)
-    if len(keep) > 2 and offsets[keep[-1]] == offsets[keep[-2]]:
-        keep = np.delete(keep, -2)
-    return Anchors(offsets[keep], tokens[keep])
+            for cut, c in zip(op.cuts, counts):
+                t += c
+                add(cut, t)
+            t += counts[-1]
+        add(op.new_end, t)
+    if offsets[-1] != plan.new_len:  # the end is always an anchor
+        if len(offsets) > 1 and plan.new_len - offsets[-1] < gap // 4:
+            offsets.pop()
+            tokens.pop()
+        offsets.append(plan.new_len)
+        tokens.append(t)
+    return Anchors(offsets, tokens)

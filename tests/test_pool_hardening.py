@@ -254,3 +254,35 @@ def test_encode_list_is_updated_in_place_and_never_under_a_holder():
         finally:
             if isinstance(enc, Pool):
                 enc.close()
+
+
+@pytest.mark.slow
+def test_two_hundred_starts_without_a_hang():
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "pool_start_campaign.py"),
+                           "--starts", "200"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=6 * 3600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "200 starts, 0 hangs, 0 differences" in proc.stdout
+
+
+def _cpu_seconds(pid: int, tid: int | None = None) -> float:
+    path = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
+    fields = open(path).read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_an_idle_pool_uses_no_cpu():
+    """Between requests nothing spins: workers sleep on their semaphores, the dispatcher wakes
+    once a second, the zygote four times."""
+    with Pool(load_tokenizer("qwen3"), workers=2, name="idle") as pool:
+        text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:100_000]
+        for i in range(20):  # back to back: the workers' adaptive spin is on
+            pool.encode(text + " x" * i, session="busy")
+        time.sleep(0.5)
+        pids = [pool.zygote_pid] + [w["pid"] for w in pool.stats()["workers"]]
+        dispatcher = next(t for t in threading.enumerate() if t.name == "dtok-pool-dispatch")
+        before = [_cpu_seconds(p) for p in pids] + [_cpu_seconds(os.getpid(), dispatcher.native_id)]
+        time.sleep(3.0)
+        after = [_cpu_seconds(p) for p in pids] + [_cpu_seconds(os.getpid(), dispatcher.native_id)]
+    used = sum(b - a for a, b in zip(before, after))
+    assert used <= 0.05, f"{used:.2f} CPU seconds in 3 s of idling"

@@ -75,7 +75,7 @@ class Request:
         self.failed = False
         self.want_list = want_list
         self.waiter = waiter  # thread id of a synchronous caller that may wait directly
-        self.direct: tuple[Channel, Task] | None = None  # what that caller waits on
+        self.direct: list[tuple[Channel, Task]] = []  # tasks that caller waits on itself
         self.times = [time.monotonic()]  # submit, sent, picked, answered, harvested
 
 
@@ -344,23 +344,27 @@ class Pool:
         return await asyncio.wrap_future(req.future)
 
     def _wait(self, req: Request):
-        if req.direct is not None:
-            ch, task = req.direct
-            while not req.future.done() and ch.task is task:
-                left = task.sent_at + self.request_timeout - time.monotonic()
-                try:
-                    ch.resp_sem.acquire(min(0.5, max(0.0, left)))
-                except posix_ipc.BusyError:
-                    pass
-                with self._lock:
-                    if self._closed:
-                        break
-                    if ch.task is task and ch.answered():
-                        self._harvest_one(ch)
-                        self._assign()
-                    elif left <= 0:
-                        self._check_timeouts()
-            req.direct = None  # the task refers to the request: no cycle keeps its result alive
+        """A synchronous caller waits for its tasks that went to workers from its own thread on
+        those workers' response semaphores, and harvests them itself (the chunks of a long text
+        too); what the dispatcher sent, the dispatcher answers through the future."""
+        while not req.future.done() and not self._closed:
+            with self._lock:
+                req.direct = [(ch, t) for ch, t in req.direct if ch.task is t]
+                if not req.direct:
+                    break
+                ch, task = req.direct[0]
+            left = task.sent_at + self.request_timeout - time.monotonic()
+            try:
+                ch.resp_sem.acquire(min(0.5, max(0.0, left)))
+            except posix_ipc.BusyError:
+                pass
+            with self._lock:
+                if ch.task is task and ch.answered():
+                    self._harvest_one(ch)
+                    self._assign()  # a next chunk sent from here is waited on here too
+                elif left <= 0:
+                    self._check_timeouts()
+        req.direct = []  # the tasks refer to the request: no cycle keeps its result alive
         return req.future.result()
 
     def stats(self) -> dict[str, Any]:
@@ -573,10 +577,9 @@ class Pool:
             self._shm_full(task.req, exc)
             return
         req = task.req
-        direct = (req.waiter == threading.get_ident() and req.kind != "chunked"
-                  and req.direct is None)
+        direct = req.waiter == threading.get_ident()
         if direct:
-            req.direct = (ch, task)
+            req.direct.append((ch, task))
         task.sent_at = time.monotonic()
         req.times.append(task.sent_at)
         ch.send(task, wake_caller=direct)
