@@ -110,26 +110,30 @@ def render_reasoning(messages: list[dict[str, Any]], style: str) -> str:
     if rule != "r1" or markers not in _R1_MARKERS:
         raise ValueError(f"unknown reasoning style {style!r}")
     fmt = _R1_MARKERS[markers]
-    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
     out = []
-    for i, m in enumerate(messages):
-        role, content = m["role"], m.get("content") or ""
+    for m, role, content, reasoning in _kept_reasoning(messages):
         if role == "assistant":
-            reasoning = m.get("reasoning_content")
-            think = f"<think>\n{reasoning}\n</think>\n\n" if reasoning and i > last_user else ""
+            think = f"<think>\n{reasoning}\n</think>\n\n" if reasoning else ""
             content = think + content + _calls_json(m)
         out.append(fmt.get(role, fmt["user"]).format(c=content))
     return "".join(out) + fmt["gen"]
 
 
-def _render_harmony(messages: list[dict[str, Any]]) -> str:
+def _kept_reasoning(messages: list[dict[str, Any]]):
+    """(message, role, content, reasoning) per message; the reasoning only of the current turn's
+    assistant messages (after the last user query), else None: the rule both styles share."""
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
-    out = []
     for i, m in enumerate(messages):
-        role, content = m["role"], m.get("content") or ""
+        role = m["role"]
+        keep = role == "assistant" and i > last_user
+        yield m, role, m.get("content") or "", m.get("reasoning_content") if keep else None
+
+
+def _render_harmony(messages: list[dict[str, Any]]) -> str:
+    out = []
+    for m, role, content, reasoning in _kept_reasoning(messages):
         if role == "assistant":
-            reasoning = m.get("reasoning_content")
-            if reasoning and i > last_user:  # the current turn keeps its analysis
+            if reasoning:
                 out.append(f"<|start|>assistant<|channel|>analysis<|message|>{reasoning}<|end|>")
             for call in m.get("tool_calls") or ():
                 fn = call.get("function", call)
