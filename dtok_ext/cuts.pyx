@@ -17,10 +17,11 @@ The argument for each family's transition set is in :mod:`dtok.families`.
 from cpython cimport array
 import array
 
-from dtok_ext.unicode_text cimport UText, uread, utext_of
+from dtok_ext.unicode_text cimport Py_UCS1, Py_UCS2, UText, uread, utext_of
 from dtok_ext.specials cimport SpecialMatcher
 
 cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object u)
     object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
     void PyUnicode_WRITE(int kind, void* data, Py_ssize_t index, Py_UCS4 value)
 
@@ -28,6 +29,46 @@ cdef Py_UCS4 SEPARATOR = 0xFDD0
 
 cdef enum:
     NFC_WINDOW = 256  # code points searched on each side of a cut for an NFC anchor
+
+
+
+cdef bint _ascii_clean(const unsigned char* table, unsigned char need) noexcept nogil:
+    """No ASCII code point is a guard character (or, with ``need``, a non-anchor)."""
+    cdef int c
+    for c in range(128):
+        if (table[c] & FAST_GUARD) or (table[c] & need) != need:
+            return False
+    return True
+
+
+cdef Py_ssize_t _first_flagged(const unsigned char* table, const UText* t, Py_ssize_t start,
+                               Py_ssize_t stop, unsigned char need) noexcept nogil:
+    """First i in [start, stop) whose character is a guard character, or lacks a flag of
+    ``need`` (NFC_ANCHOR or 0); -1 if none. One tight loop per string width."""
+    cdef Py_ssize_t i
+    cdef unsigned char c
+    cdef const Py_UCS1* p1
+    cdef const Py_UCS2* p2
+    cdef const Py_UCS4* p4
+    if t.kind == 1:
+        p1 = <const Py_UCS1*>t.data
+        for i in range(start, stop):
+            c = table[p1[i]]
+            if (c & FAST_GUARD) or (c & need) != need:
+                return i
+    elif t.kind == 2:
+        p2 = <const Py_UCS2*>t.data
+        for i in range(start, stop):
+            c = table[p2[i]]
+            if (c & FAST_GUARD) or (c & need) != need:
+                return i
+    else:
+        p4 = <const Py_UCS4*>t.data
+        for i in range(start, stop):
+            c = table[p4[i]]
+            if (c & FAST_GUARD) or (c & need) != need:
+                return i
+    return -1
 
 
 cdef class CutRules:
@@ -213,24 +254,33 @@ cdef class CutRules:
 
     # Routing for the fast encoder: may a piece of text go to it, or must it go to the reference?
 
-    def route(self, str text not None, Py_ssize_t start=0, end=None):
+    def route(self, str text not None, Py_ssize_t start=0, end=None, nfc=None):
         """(0, -1) when text[start:end] may go to the fast encoder; (1, i) when text[i] is a guard
         character; (2, i) when text[i] is not an NFC anchor (NFC files: call nfc_windows and
-        check that the reference normalizer leaves them unchanged)."""
+        check that the reference normalizer leaves them unchanged). ``nfc=False`` skips the NFC
+        part (the file's guard table proves the fast encoder normalizes as the reference does).
+
+        An ASCII text whose 128 characters are all clean costs O(1); otherwise one pass over
+        the string's own buffer, one loop per PEP 393 width, without the GIL."""
         cdef UText t = utext_of(text)
-        cdef Py_ssize_t i, stop = t.length if end is None else end
+        cdef Py_ssize_t i = -1, stop = t.length if end is None else end
         cdef Py_ssize_t first_non_anchor = -1
-        cdef unsigned char c
-        cdef bint nfc = self.nfc
+        cdef bint check_nfc = self.nfc if nfc is None else (self.nfc and nfc)
+        cdef unsigned char need = NFC_ANCHOR if check_nfc else 0
+        if stop > t.length:
+            stop = t.length
+        if start < 0:
+            start = 0
+        if start >= stop:
+            return 0, -1
+        if PyUnicode_IS_ASCII(text) and _ascii_clean(self.table, need):
+            return 0, -1
         with nogil:
-            for i in range(start, stop):
-                c = self.table[uread(&t, i)]
-                if c & FAST_GUARD:
-                    break
-                if nfc and first_non_anchor < 0 and not (c & NFC_ANCHOR):
-                    first_non_anchor = i
-            else:
-                i = -1
+            i = _first_flagged(self.table, &t, start, stop, need)
+            if i >= 0 and not (self.table[uread(&t, i)] & FAST_GUARD):
+                # a non-anchor: remember it, keep looking for a guard character
+                first_non_anchor = i
+                i = _first_flagged(self.table, &t, i, stop, 0)
         if i >= 0:
             return 1, i
         if first_non_anchor >= 0:
@@ -240,17 +290,21 @@ cdef class CutRules:
     def guard_spans(self, str text not None, Py_ssize_t start=0, end=None):
         """Runs [i, j) of guard characters in text[start:end]."""
         cdef UText t = utext_of(text)
-        cdef Py_ssize_t i, stop = t.length if end is None else end, run = -1
+        cdef Py_ssize_t i, j, stop = t.length if end is None else end
         out = []
-        for i in range(start, stop):
-            if self.table[uread(&t, i)] & FAST_GUARD:
-                if run < 0:
-                    run = i
-            elif run >= 0:
-                out.append((run, i))
-                run = -1
-        if run >= 0:
-            out.append((run, stop))
+        i = start
+        while i < stop:
+            with nogil:
+                i = _first_flagged(self.table, &t, i, stop, 0)
+                j = i
+                if i >= 0:
+                    j = i + 1
+                    while j < stop and (self.table[uread(&t, j)] & FAST_GUARD):
+                        j += 1
+            if i < 0:
+                break
+            out.append((i, j))
+            i = j
         return out
 
     def isolate(self, str text not None, spans, Py_ssize_t budget):
