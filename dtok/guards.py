@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,7 +114,8 @@ def build(reference, fast: FastEncoder, sha256: str, out_dir: Path | None = None
         if (old["sha256"], old["tokenizers"], old["fastokens"]) != (
                 sha256, tables.tokenizers_version(), fast.version):
             raise ValueError(f"{code_points_from} is for another file or other versions")
-        checked = dict(old["checked"], reused_from=Path(code_points_from).name)
+        origin = old["checked"].get("reused_from", Path(code_points_from).name)
+        checked = dict(old["checked"], reused_from=origin)  # where the probes really ran
         disagree = {int(k, 16): v for k, v in old.get("disagree_contexts", {}).items()}
         disagree.update({c: disagree.get(c, ["?"]) for c in old["disagree"]})
         say(f"code points and vocabulary reused from {code_points_from}")
@@ -143,7 +145,8 @@ def build(reference, fast: FastEncoder, sha256: str, out_dir: Path | None = None
                "disagree_contexts": {f"{c:04X}": v for c, v in sorted(disagree.items())},
                "checked": checked, "nfc": nfc}
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=1))
+    text = json.dumps(payload, indent=1)
+    tmp.write_text(re.sub(r"\[\n\s+(\d+),\n\s+(\d+)\n\s+\]", r"[\1, \2]", text))  # runs on one line
     os.replace(tmp, path)
     return GuardTable(**{**table.__dict__, "source": str(path)})
 
@@ -269,7 +272,7 @@ def prove_nfc(reference, fast, table: bytes, guard: bytearray, say=lambda msg: N
 
     return {"agrees": not failures, "probes": counts, "failures": [
                 " ".join(f"{ord(c):04X}" for c in p) for p in failures[:50]],
-            "n_failures": len(failures), "unprobed": unprobed,
+            "n_failures": len(failures), "unprobed": _ranges(unprobed),
             "unicodedata": unicodedata.unidata_version, "seconds": round(time.time() - t0)}
 
 
@@ -322,13 +325,24 @@ def guarded_table(family_table: bytes, guard: GuardTable, use_nfc_proof: bool = 
     (and, where the NFC proof is used, the code points it could not probe)."""
     extra = list(guard.disagree)
     if use_nfc_proof:
-        extra += guard.nfc.get("unprobed", [])
+        extra += [c for a, b in guard.nfc.get("unprobed", []) for c in range(a, b + 1)]
     if not extra:
         return family_table
     t = bytearray(family_table)
     for cp in extra:
         t[cp] |= tables.FAST_GUARD
     return bytes(t)
+
+
+def _ranges(cps: list[int]) -> list[list[int]]:
+    """Sorted code points as inclusive [first, last] runs (the table stays small)."""
+    out: list[list[int]] = []
+    for c in cps:
+        if out and out[-1][1] == c - 1:
+            out[-1][1] = c
+        else:
+            out.append([c, c])
+    return out
 
 
 def _ids(buf) -> list[int]:

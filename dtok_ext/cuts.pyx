@@ -41,34 +41,32 @@ cdef bint _ascii_clean(const unsigned char* table, unsigned char need) noexcept 
     return True
 
 
+ctypedef fused _unit:  # one PEP 393 width
+    Py_UCS1
+    Py_UCS2
+    Py_UCS4
+
+
+cdef inline Py_ssize_t _scan(const unsigned char* table, const _unit* p, Py_ssize_t start,
+                             Py_ssize_t stop, unsigned char need) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef unsigned char c
+    for i in range(start, stop):
+        c = table[p[i]]
+        if (c & FAST_GUARD) or (c & need) != need:
+            return i
+    return -1
+
+
 cdef Py_ssize_t _first_flagged(const unsigned char* table, const UText* t, Py_ssize_t start,
                                Py_ssize_t stop, unsigned char need) noexcept nogil:
     """First i in [start, stop) whose character is a guard character, or lacks a flag of
     ``need`` (NFC_ANCHOR or 0); -1 if none. One tight loop per string width."""
-    cdef Py_ssize_t i
-    cdef unsigned char c
-    cdef const Py_UCS1* p1
-    cdef const Py_UCS2* p2
-    cdef const Py_UCS4* p4
     if t.kind == 1:
-        p1 = <const Py_UCS1*>t.data
-        for i in range(start, stop):
-            c = table[p1[i]]
-            if (c & FAST_GUARD) or (c & need) != need:
-                return i
-    elif t.kind == 2:
-        p2 = <const Py_UCS2*>t.data
-        for i in range(start, stop):
-            c = table[p2[i]]
-            if (c & FAST_GUARD) or (c & need) != need:
-                return i
-    else:
-        p4 = <const Py_UCS4*>t.data
-        for i in range(start, stop):
-            c = table[p4[i]]
-            if (c & FAST_GUARD) or (c & need) != need:
-                return i
-    return -1
+        return _scan(table, <const Py_UCS1*>t.data, start, stop, need)
+    if t.kind == 2:
+        return _scan(table, <const Py_UCS2*>t.data, start, stop, need)
+    return _scan(table, <const Py_UCS4*>t.data, start, stop, need)
 
 
 cdef class CutRules:

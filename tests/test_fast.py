@@ -216,7 +216,7 @@ def test_nfc_proof_is_recorded_and_used():
         assert list(tok.encode(text)) == want
         assert tok.stats()["reference_pieces"] == before
     # a code point newer than the probes' sources is a guard character where the proof is used
-    new = chr(guard.nfc["unprobed"][0])
+    new = chr(guard.nfc["unprobed"][0][0])
     assert tok.rules.route("ab" + new) == (1, 2)
 
 

@@ -6,8 +6,8 @@
 For each file: compare every vocabulary entry's text and every code point in eight contexts
 through fastokens and the reference, and for an NFC file run the NFC proof (see dtok/guards.py).
 A few minutes per file on two cores. ``--reuse-code-points`` takes the vocabulary and
-code-point results from an existing table of an earlier schema for the same file and versions
-(they do not depend on the schema) and runs only what is new.
+code-point results from an existing table (this schema or an earlier one) for the same file and
+versions (they do not depend on the schema) and runs only the rest (the NFC proof).
 """
 import argparse
 import sys
@@ -32,7 +32,7 @@ def main() -> None:
         fast = FastEncoder(tok.tokenizer_json().decode("utf-8"), tok.reference)
         previous = None
         if args.reuse_code_points:
-            for schema in range(guards.SCHEMA - 1, 0, -1):
+            for schema in range(guards.SCHEMA, 0, -1):
                 name = guards._file_name(a.sha256, fast.version).replace(
                     f"schema{guards.SCHEMA}", f"schema{schema}")
                 if (args.out / name).exists():
