@@ -1,23 +1,29 @@
 #!/usr/bin/env python3
-"""The fast encoder behind its guards vs the reference, side by side, exactness checked.
+"""dtok on the fast encoder next to the encoders users would pick, exactness checked.
 
     python benches/bench_fast.py [--tokenizers ...] [--sizes 1000000] [--repeats 3] [--modes ...]
     python benches/bench_fast.py --breakdown-only
     python benches/bench_fast.py --memory-only
 
-Each (tokenizer, mode) runs in a fresh process, so that fastokens' own thread setting
-(FASTOKENS_BPE_THREADS, read once per process) can differ:
+Each (tokenizer, mode) runs in a fresh process with FASTOKENS_BPE_THREADS=1 (unless set):
 
-* ``single``: dtok with ``threads=1`` and FASTOKENS_BPE_THREADS=1, one encode per text;
-* ``2 threads``: dtok's defaults on this machine (chunked; fastokens' own threads).
+* ``single``: dtok with ``threads=1`` next to fastokens alone (its own instance, one call on the
+  whole text);
+* ``single+others``: the same, with gigatoken and the reference's ``encode_batch_fast`` also
+  loaded and called in the rotation (a process that holds several encoders);
+* ``2 threads``, ``2 threads+others``: dtok with its default threads (2 here), against the same
+  single-threaded peers.
 
-In each process, for every kind of text (prose, code, multilingual) and size, distinct documents
-are encoded by the reference's plain ``encode(x).ids`` and by dtok, alternating; medians, P99
-and ratios are printed and written to bench-results/fast.json. The same processes measure:
-a guarded 1M-character document (one decomposed accent, Qwen3; one unassigned code point
-otherwise) whole through the reference vs dtok's chunks; a session initialization of a
-1M-character transcript. Memory runs measure, in fresh processes, VmRSS/PSS after loading
-(cold) and after encoding 1M characters (warm), and the peak (VmHWM), per file and encoder.
+For every kind of text (prose, code, multilingual, adversarial: the adversarial corpus files
+concatenated) distinct documents are encoded by each encoder in a rotating order (each runs
+first equally often), every call on a fresh copy of the text; dtok's IDs are compared with the
+reference's. Printed: medians, P99, the per-document ratio dtok / fastokens (median and
+min-max over the documents) and the CPU-time ratio. Then a guarded 1M-character document (one
+unassigned code point). ``--breakdown-only``: where dtok's single-thread time goes (plan, slice,
+route, encoder calls, concatenation) next to fastokens alone. Memory runs measure, in fresh
+processes, VmRSS/PSS after loading (cold) and after encoding 1M characters (warm) and the peak
+(VmHWM), for dtok on each encoder and for fastokens and tokenizers alone. JSON goes to
+bench-results/.
 """
 from __future__ import annotations
 
@@ -107,7 +113,8 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int) -> list[dict
             docs = documents(kind, size, n_docs + 1)
             for fn in encoders.values():
                 fn(docs[-1][:100_000])
-            wants = [ref.encode(doc, add_special_tokens=False).ids for doc in docs[:-1]]
+            wants = [ref.encode((doc + " ")[:-1], add_special_tokens=False).ids
+                     for doc in docs[:-1]]
             wall = {k: [] for k in encoders}
             cpu = {k: [] for k in encoders}
             exact = True
@@ -115,8 +122,12 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int) -> list[dict
                 order = list(encoders.items())
                 order = order[i % len(order):] + order[:i % len(order)]  # rotate the order
                 for label, fn in order:
+                    # a fresh copy each time, as a request's text arrives: encoders that read
+                    # a str as UTF-8 cache that form inside the str object, which would let
+                    # whoever comes second skip the transcoding
+                    fresh = (doc + " ")[:-1]
                     c0, t0 = time.process_time(), time.perf_counter()
-                    got = fn(doc)
+                    got = fn(fresh)
                     wall[label].append(time.perf_counter() - t0)
                     cpu[label].append(time.process_time() - c0)
                     if label == "dtok":
@@ -168,7 +179,8 @@ def run_breakdown(name: str, repeats: int) -> list[dict]:
         for d in docs:
             tok.encode(d), fast(d)
         parts: dict[str, list] = {}
-        for d in docs * 3:
+        for d0 in docs * 3:
+            d, whole = (d0 + " ")[:-1], (d0 + " ")[:-1]  # fresh strings (no cached UTF-8)
             t = {}
             t["plan"], cuts = timed(lambda: tok._plan(d))
             bounds = [0, *cuts, len(d)]
@@ -180,8 +192,9 @@ def run_breakdown(name: str, repeats: int) -> list[dict]:
             t["reference"], rids = timed(lambda: tok.ref_encoder.encode_many(ref_texts)
                                          if ref_texts else [])
             t["concat"], _ = timed(lambda: IdBuffer.concat(list(ids) + list(rids), (), ()))
-            t["dtok total"], _ = timed(lambda: tok.encode(d, add_special_tokens=False))
-            t["fastokens alone"], _ = timed(lambda: fast(d))
+            total = (d0 + " ")[:-1]
+            t["dtok total"], _ = timed(lambda: tok.encode(total, add_special_tokens=False))
+            t["fastokens alone"], _ = timed(lambda: fast(whole))
             for k, v in t.items():
                 parts.setdefault(k, []).append(v * 1e3)
         row = {"tokenizer": name, "kind": kind, "ms": {k: statistics.median(v)

@@ -346,17 +346,16 @@ class Tokenizer:
                 (fast if why is None else slow).append((len(owner), piece[a:b]))
                 owner.append(i)
         self._count(fast=len(fast), reference=len(slow))
-        calls = [(self.encoder, g) for g in self._groups(fast)]
-        calls += [(self.ref_encoder, g) for g in self._groups(slow, batch)]
+        calls = [(self.encoder.encode_many, g) for g in self._groups(fast)]
+        calls += [(self.ref_encoder.encode_stretches, g) for g in self._groups(slow, batch)]
         results: list = [None] * len(owner)
         pending = []
         if len(calls) > 1:
             pool = self._pool()
-            pending = [(g, pool.submit(enc.encode_many, [t for _, t in g]))
-                       for enc, g in calls[1:]]
+            pending = [(g, pool.submit(fn, [t for _, t in g])) for fn, g in calls[1:]]
             calls = calls[:1]
-        for enc, g in calls:
-            for (j, _), ids in zip(g, enc.encode_many([t for _, t in g])):
+        for fn, g in calls:
+            for (j, _), ids in zip(g, fn([t for _, t in g])):
                 results[j] = ids
         for g, fut in pending:
             for (j, _), ids in zip(g, fut.result()):

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 import dtok
-from conftest import MAIN_FILES, ROOT, load_tokenizer, read_text, ref_ids, ref_ids_many, shared_path
+from conftest import (FAMILY_OF as FAMILY, MAIN_FILES, ROOT, load_tokenizer, read_text, ref_ids,
+                      ref_ids_many, shared_path)
 from dtok import guards
 from dtok.chat import detect_style, render_turns
 from dtok.encoders import FastEncoder, FastEncoderError, fastokens_version
@@ -284,6 +285,10 @@ class _CallCounter:
         self.threads.add(threading.get_ident())
         return self.enc.encode_many(texts)
 
+    def encode_stretches(self, texts):
+        self.calls += 1
+        return self.enc.encode_stretches(texts)
+
 
 def _counted(tok: dtok.Tokenizer) -> dtok.Tokenizer:
     tok.encoder = tok._fast = _CallCounter(tok.encoder)
@@ -337,3 +342,51 @@ def test_tokenizer_json_replaces_the_file_bytes():
     assert list(again.encode(text)) == list(tok.encode(text)) == ref_ids(tok, text)
     ref_only = dtok.Tokenizer.from_file(path, encoder="reference")
     assert ref_only.with_knobs(encoder="auto").encoder.name == "fastokens"
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama3"])
+def test_route_scan_matches_a_plain_loop(name):
+    """The vectorized routing scan gives what a per-character loop over the table gives, for
+    strings of each PEP 393 width, around the edges of its clean ranges, with start/end."""
+    import random
+
+    tok = fast_tok(name)
+    rules = tok.rules
+    table = guards.guarded_table(dtok.tables.load(FAMILY[name]).table,
+                                 guards.load(tok.admission.sha256, fastokens_version()),
+                                 tok._nfc_by_fast)
+
+    def plain(text, start, end, nfc):
+        first_other = -1
+        for i in range(start, end):
+            c = table[ord(text[i])]
+            if c & dtok.tables.FAST_GUARD:
+                return 1, i
+            if nfc and first_other < 0 and not c & dtok.tables.NFC_ANCHOR:
+                first_other = i
+        return (2, first_other) if first_other >= 0 else (0, -1)
+
+    edges = [0x41, 0x7F, 0x80, 0xE9, 0xFF, 0x100, 0x2FF, 0x300, 0x301, 0x377, 0x378, 0x379,
+             0x1FFF, 0x2000, 0x2019, 0x2064, 0x2065, 0x2066, 0xFFFD, 0xFFFF, 0x10000, 0x1F600,
+             0xE0001, 0x10FFFF]
+    rng = random.Random(5)
+    for _ in range(3000):
+        pool = rng.sample(edges, 3) + ["a"]
+        n = rng.choice([1, 5, 63, 64, 65, 255, 256, 257, 700])
+        text = "".join(chr(c) if type(c) is int else c for c in
+                       (rng.choice(pool) if rng.random() < 0.05 else "a" for _ in range(n)))
+        start = rng.randrange(0, n)
+        end = rng.choice([None, rng.randrange(start, n + 1)])
+        for nfc in (None, False):
+            want = plain(text, start, n if end is None else end,
+                         rules.nfc if nfc is None else False)
+            assert rules.route(text, start, end, nfc=nfc) == want, (text, start, end, nfc)
+        spans = [(i, i + 1) for i in range(start, n if end is None else end)
+                 if table[ord(text[i])] & dtok.tables.FAST_GUARD]
+        merged = []
+        for a, b in spans:
+            if merged and merged[-1][1] == a:
+                merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        assert rules.guard_spans(text, start, end) == merged
