@@ -3,6 +3,7 @@
 
     python benches/bench_fast.py [--tokenizers ...] [--sizes 1000000] [--repeats 3] [--modes ...]
     python benches/bench_fast.py --breakdown-only
+    python benches/bench_fast.py --order-only
     python benches/bench_fast.py --memory-only
 
 Each (tokenizer, mode) runs in a fresh process with FASTOKENS_BPE_THREADS=1 (unless set):
@@ -16,7 +17,9 @@ Each (tokenizer, mode) runs in a fresh process with FASTOKENS_BPE_THREADS=1 (unl
 
 For every kind of text (prose, code, multilingual, adversarial: the adversarial corpus files
 concatenated) distinct documents are encoded by each encoder in a rotating order (each runs
-first equally often), every call on a fresh copy of the text; dtok's IDs are compared with the
+first equally often), every call on a fresh copy of the text and after a 20 ms pause (so that
+no encoder's threads are still spinning from the call before: ``--order-only`` measures that
+effect itself); dtok's IDs are compared with the
 reference's. Printed: medians, P99, the per-document ratio dtok / fastokens (median and
 min-max over the documents) and the CPU-time ratio. Then a guarded 1M-character document (one
 unassigned code point). ``--breakdown-only``: where dtok's single-thread time goes (plan, slice,
@@ -40,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import SHARED, documents, header, machine, smaps, summary, write_json  # noqa: E402
 
+PAUSE_S = 0.02
 MODES = ("single", "single+others", "2 threads", "2 threads+others")
 KINDS = ("prose", "code", "multilingual", "adversarial")
 
@@ -126,6 +130,7 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int) -> list[dict
                     # a str as UTF-8 cache that form inside the str object, which would let
                     # whoever comes second skip the transcoding
                     fresh = (doc + " ")[:-1]
+                    time.sleep(PAUSE_S)  # the previous encoder's threads settle (see --order)
                     c0, t0 = time.process_time(), time.perf_counter()
                     got = fn(fresh)
                     wall[label].append(time.perf_counter() - t0)
@@ -162,6 +167,51 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int) -> list[dict
     print(f"{name:12s} {mode:16s} guarded 1M: reference whole {t_whole * 1e3:.1f} ms, dtok "
           f"{t_dtok * 1e3:.1f} ms with {rows[-1]['reference_chunks']}/{len(routes)} chunks "
           f"partly on the reference, exact={rows[-1]['exact']}", flush=True)
+    return rows
+
+
+def run_order(name: str, repeats: int) -> list[dict]:
+    """What the encoder that ran just before does to the next call: dtok (one thread) and
+    fastokens alone timed right after the reference's ``encode_batch_fast`` (300K characters),
+    after it and a 20 ms pause, and right after gigatoken; thread CPU time and wall time."""
+    import dtok
+    import gigatoken
+    from tokenizers import Tokenizer as HF
+
+    path = SHARED / "tokenizers" / name
+    tok = dtok.Tokenizer.from_file(path, threads=1, content_lookup=False)
+    fast = peers(path, False)["fastokens"]
+    hf = HF.from_file(str(path / "tokenizer.json"))
+    gt = gigatoken.Tokenizer(str(path / "tokenizer.json"))
+    timed_ = {"dtok": lambda d: tok.encode(d, add_special_tokens=False), "fastokens": fast}
+    before = {"right after reference": lambda d: hf.encode_batch_fast([d[:300_000]]),
+              "after reference, 20 ms pause": lambda d: (hf.encode_batch_fast([d[:300_000]]),
+                                                         time.sleep(0.02)),
+              "right after gigatoken": lambda d: gt.encode(d)}
+    docs = documents("prose", 1_000_000, repeats * 2 + 1)
+    for fn in timed_.values():
+        fn(docs[-1])
+    res: dict = {}
+    for doc in docs[:-1]:
+        for who, fn in timed_.items():
+            for cond, pre in before.items():
+                pre((doc + " ")[:-1])
+                fresh = (doc + " ")[:-1]
+                t0, c0 = time.perf_counter(), time.thread_time()
+                fn(fresh)
+                res.setdefault((cond, who), []).append(
+                    ((time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3))
+    rows = []
+    for cond in before:
+        row = {"tokenizer": name, "case": "order", "before": cond}
+        for who in timed_:
+            v = res[(cond, who)]
+            row[who] = {"wall_ms": statistics.median(a for a, _ in v),
+                        "thread_cpu_ms": statistics.median(b for _, b in v)}
+        rows.append(row)
+        print(f"{name:12s} order: {cond:30s} dtok {row['dtok']['wall_ms']:6.2f} ms "
+              f"(cpu {row['dtok']['thread_cpu_ms']:.2f})  fastokens {row['fastokens']['wall_ms']:6.2f}"
+              f" ms (cpu {row['fastokens']['thread_cpu_ms']:.2f})", flush=True)
     return rows
 
 
@@ -245,6 +295,8 @@ def child(args) -> None:
         rows = run_speed(args.tokenizers[0], args.mode, args.sizes, args.repeats)
     elif args.child == "breakdown":
         rows = run_breakdown(args.tokenizers[0], args.repeats)
+    elif args.child == "order":
+        rows = run_order(args.tokenizers[0], args.repeats)
     else:
         rows = [run_memory(args.tokenizers[0], args.mode)]
     print("JSON" + json.dumps(rows))
@@ -257,8 +309,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--memory-only", action="store_true")
     ap.add_argument("--breakdown-only", action="store_true")
+    ap.add_argument("--order-only", action="store_true")
     ap.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
-    ap.add_argument("--child", choices=["speed", "memory", "breakdown"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["speed", "memory", "breakdown", "order"],
+                    help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -266,11 +320,13 @@ def main() -> None:
     info = machine()
     print(header(info))
     rows = []
-    only = args.memory_only or args.breakdown_only
+    only = args.memory_only or args.breakdown_only or args.order_only
     jobs = [] if only else [("speed", n, m) for n in args.tokenizers for m in args.modes]
-    if not args.memory_only:
+    if not (args.memory_only or args.order_only):
         jobs += [("breakdown", n, "single") for n in args.tokenizers]
-    if not args.breakdown_only:
+    if not (args.memory_only or args.breakdown_only):
+        jobs += [("order", n, "single") for n in args.tokenizers]
+    if not (args.breakdown_only or args.order_only):
         jobs += [("memory", n, e) for n in args.tokenizers
                  for e in ("reference", "auto", "fastokens alone", "tokenizers alone")]
     for kind, name, mode in jobs:
@@ -295,7 +351,8 @@ def main() -> None:
                   f" MiB PSS {r['warm_after_1M'].get('Pss')} MiB peak {r['warm_after_1M']['VmHWM']} MiB",
                   flush=True)
     path = write_json("fast-memory.json" if args.memory_only else
-                      "fast-breakdown.json" if args.breakdown_only else "fast.json",
+                      "fast-breakdown.json" if args.breakdown_only else
+                      "fast-order.json" if args.order_only else "fast.json",
                       {"machine": info, "args": vars(args), "rows": rows})
     print("wrote", path)
 
