@@ -16,10 +16,11 @@ Each (tokenizer, mode) runs in a fresh process with FASTOKENS_BPE_THREADS=1 (unl
   single-threaded peers.
 
 For every kind of text (prose, code, multilingual, adversarial: the adversarial corpus files
-concatenated) distinct documents are encoded by each encoder in a rotating order (each runs
-first equally often), every call on a fresh copy of the text and after a 20 ms pause (so that
-no encoder's threads are still spinning from the call before: ``--order-only`` measures that
-effect itself); dtok's IDs are compared with the
+concatenated) distinct documents (an even number) are encoded by every encoder: the peers
+first, then dtok and fastokens in alternating order, so that each of the two comes right after
+the others equally often; every call on a fresh copy of the text and after a 20 ms pause (what
+ran just before matters, through encoder threads and glibc's heap: ``--order-only`` measures
+that itself); dtok's IDs are compared with the
 reference's. Printed: medians, P99, the per-document ratio dtok / fastokens (median and
 min-max over the documents) and the CPU-time ratio. Then a guarded 1M-character document (one
 unassigned code point). ``--breakdown-only``: where dtok's single-thread time goes (plan, slice,
@@ -109,9 +110,7 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int) -> list[dict
         for fn in encoders.values():
             fn(warm)
     rows = []
-    # Each encoder runs first (right after another one, or after the reference encode that
-    # checks exactness) equally often: at least `repeats` documents, a multiple of the count.
-    n_docs = -(-max(repeats, len(encoders)) // len(encoders)) * len(encoders)
+    n_docs = repeats + repeats % 2  # an even count: dtok and fastokens each go first half the time
     for size in sizes:
         for kind in KINDS:
             docs = documents(kind, size, n_docs + 1)
@@ -123,8 +122,12 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int) -> list[dict
             cpu = {k: [] for k in encoders}
             exact = True
             for i, (doc, want) in enumerate(zip(docs[:-1], wants)):
-                order = list(encoders.items())
-                order = order[i % len(order):] + order[:i % len(order)]  # rotate the order
+                # The peers that are not compared run first; dtok and fastokens follow, in
+                # alternating order, so that each comes right after the others' calls equally
+                # often (what ran just before matters: see --order-only).
+                pair = [(k, encoders[k]) for k in ("dtok", "fastokens")]
+                order = [(k, f) for k, f in encoders.items() if k not in ("dtok", "fastokens")]
+                order += pair if i % 2 == 0 else pair[::-1]
                 for label, fn in order:
                     # a fresh copy each time, as a request's text arrives: encoders that read
                     # a str as UTF-8 cache that form inside the str object, which would let
@@ -172,8 +175,10 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int) -> list[dict
 
 def run_order(name: str, repeats: int) -> list[dict]:
     """What the encoder that ran just before does to the next call: dtok (one thread) and
-    fastokens alone timed right after the reference's ``encode_batch_fast`` (300K characters),
-    after it and a 20 ms pause, and right after gigatoken; thread CPU time and wall time."""
+    fastokens alone timed right after the reference's ``encode_batch_fast`` of the same 1M
+    characters, after it and a 20 ms pause, right after gigatoken, and right after their own
+    previous call; thread CPU time and wall time. (The reference leaves glibc's main heap
+    with much freed memory; the next large allocations in this thread pay for sorting it.)"""
     import dtok
     import gigatoken
     from tokenizers import Tokenizer as HF
@@ -184,10 +189,11 @@ def run_order(name: str, repeats: int) -> list[dict]:
     hf = HF.from_file(str(path / "tokenizer.json"))
     gt = gigatoken.Tokenizer(str(path / "tokenizer.json"))
     timed_ = {"dtok": lambda d: tok.encode(d, add_special_tokens=False), "fastokens": fast}
-    before = {"right after reference": lambda d: hf.encode_batch_fast([d[:300_000]]),
-              "after reference, 20 ms pause": lambda d: (hf.encode_batch_fast([d[:300_000]]),
+    before = {"right after reference": lambda d: hf.encode_batch_fast([d]),
+              "after reference, 20 ms pause": lambda d: (hf.encode_batch_fast([d]),
                                                          time.sleep(0.02)),
-              "right after gigatoken": lambda d: gt.encode(d)}
+              "right after gigatoken": lambda d: gt.encode(d),
+              "right after itself": lambda d: None}
     docs = documents("prose", 1_000_000, repeats * 2 + 1)
     for fn in timed_.values():
         fn(docs[-1])
