@@ -104,7 +104,7 @@ def build(reference, fast: FastEncoder, sha256: str, out_dir: Path | None = None
           code_points_from: Path | None = None) -> GuardTable:
     """Probe every code point through both encoders and check the vocabulary; for an NFC file
     (``nfc_family``: its pre-tokenizer family, whose class table holds the NFC anchors) also
-    run the NFC proof; write the table. ``code_points_from``: a table of an earlier schema for
+    run the NFC proof; write the table. ``code_points_from``: an existing table (any schema) for
     the same file and versions whose vocabulary and code-point results are reused."""
     say = progress or (lambda msg: None)
     t0 = time.time()
