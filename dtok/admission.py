@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +46,24 @@ class Admission:
 
 @dataclass(frozen=True)
 class TokenizerFiles:
-    """The files behind one tokenizer: tokenizer.json (bytes) and its optional config (parsed)."""
+    """The files behind one tokenizer: tokenizer.json (bytes) and its optional config (parsed).
+
+    A loaded :class:`dtok.Tokenizer` keeps only :meth:`released` (no bytes, ~11 MB for Qwen3);
+    ``Tokenizer.tokenizer_json()`` serializes the loaded reference when the JSON is needed."""
 
     path: Path
     raw: bytes
     config: dict[str, Any] | None
     config_path: Path | None
+    sha256: str = ""  # of the file's bytes; computed from raw when not given
+
+    def __post_init__(self) -> None:
+        if not self.sha256:
+            object.__setattr__(self, "sha256", hashlib.sha256(self.raw).hexdigest())
+
+    def released(self) -> "TokenizerFiles":
+        """The same description without the file's bytes (path, config and SHA-256 kept)."""
+        return replace(self, raw=b"")
 
     def spec(self) -> dict[str, Any]:
         """tokenizer.json parsed, on each call: not kept, because a 150K-entry vocabulary and
@@ -193,7 +205,7 @@ def overlapping_pair(normalized: list[str], raw: list[str]) -> tuple[str, str] |
 def admit(files: TokenizerFiles, spec: dict[str, Any], reference) -> Admission:
     """Decide admission for ``files`` (``spec``: its tokenizer.json parsed); ``reference`` is
     the loaded ``tokenizers.Tokenizer``."""
-    sha = hashlib.sha256(files.raw).hexdigest()
+    sha = files.sha256
     refused: list[str] = []
     notes: list[str] = []
 

@@ -8,6 +8,7 @@ import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Hashable, Sequence
 
 from dtok import guards, tables
@@ -38,6 +39,11 @@ KNOBS: dict[str, Any] = {
     "encoder": "auto",  # "auto" (fast where admitted and guarded), "fast", "reference"
 }
 ENCODERS = ("auto", "fast", "reference")
+# Reference stretches closer than this are sent as one (a piece costs a few microseconds in each
+# encoder; the reference takes ~0.5 us per character).
+COALESCE_GAP = 32
+# Below this many characters of work per thread, the chunks of a text are encoded in one call.
+PARALLEL_MIN_CHARS = 32768
 
 
 def chunk_count(n: int, chunk_target: int, max_chunks: int) -> int:
@@ -119,7 +125,6 @@ class Tokenizer:
         self.knobs = _validated(knobs)
         from tokenizers import Tokenizer as _Reference
 
-        self.files = files
         try:
             self.reference = _Reference.from_buffer(files.raw)
         except Exception:
@@ -129,14 +134,19 @@ class Tokenizer:
         self.admission: Admission = admit(files, files.spec(), self.reference)
         self.rules: CutRules | None = None
         self._fast: FastEncoder | None = None
+        # The guard table proves the fast encoder's NFC equals the reference's (dtok.guards):
+        # text NFC would change then goes to the fast encoder like any other. A private hook:
+        # the control battery forces it on for an encoder the proof does not cover.
+        self._nfc_by_fast = False
         self.encoder_notes: list[str] = []
         if self.admission.admitted:
             t = tables.load(self.admission.family)
             table = t.table
             if self.knobs["encoder"] != "reference":
-                self._fast, guard = self._load_fast()
+                self._fast, guard = self._load_fast(files)
                 if guard is not None:
-                    table = guards.guarded_table(table, guard)
+                    self._nfc_by_fast = self.admission.nfc and guard.nfc_proven
+                    table = guards.guarded_table(table, guard, self._nfc_by_fast)
             self.rules = CutRules(
                 table, t.accept, SpecialMatcher(self.admission.added_tokens),
                 self.reference.normalizer.normalize_str if self.admission.nfc else None,
@@ -144,10 +154,12 @@ class Tokenizer:
         elif self.knobs["encoder"] == "fast":
             raise FastEncoderError("encoder='fast' needs an admitted file: "
                                    + "; ".join(self.admission.reasons))
+        self.files = files.released()  # the JSON bytes are not kept (see tokenizer_json)
         _release_free_heap()
         self._setup()
 
-    def _load_fast(self) -> tuple[FastEncoder | None, "guards.GuardTable | None"]:
+    def _load_fast(self, files: TokenizerFiles
+                   ) -> tuple[FastEncoder | None, "guards.GuardTable | None"]:
         """The fast encoder and its guard table, or (None, None) and a note saying why not."""
         strict = self.knobs["encoder"] == "fast"
         version = fastokens_version()
@@ -158,7 +170,8 @@ class Tokenizer:
                 "no guard table for this file and versions (build one: dtok guards PATH)")
             return None, None
         try:
-            fast = FastEncoder(self.files.raw.decode("utf-8"), self.reference)
+            fast = FastEncoder((files.raw or self.tokenizer_json()).decode("utf-8"),
+                               self.reference)
         except FastEncoderError as exc:
             if strict:
                 raise
@@ -166,11 +179,18 @@ class Tokenizer:
             return None, None
         if guard is None:
             log.warning("dtok: building the fast encoder's guard table for %s (minutes)",
-                        self.files.path)
-            guard = guards.build(self.reference, fast, self.admission.sha256,
-                                 progress=lambda msg: log.info("dtok guards: %s", msg))
+                        files.path)
+            a = self.admission
+            guard = guards.build(self.reference, fast, a.sha256,
+                                 progress=lambda msg: log.info("dtok guards: %s", msg),
+                                 nfc_family=a.family if a.nfc else None)
         self.encoder_notes.append(f"fastokens {fast.version}, guard table {guard.source} "
                                   f"({len(guard.disagree)} disagreeing code points + unassigned)")
+        if self.admission.nfc:
+            self.encoder_notes.append(
+                "NFC: proven to normalize as the reference (text NFC changes stays on fastokens)"
+                if guard.nfc_proven else
+                "NFC: not proven for this encoder; text NFC would change goes to the reference")
         return fast, guard
 
     def _setup(self) -> None:
@@ -208,14 +228,23 @@ class Tokenizer:
         merged = _validated({**self.knobs, **knobs})
         if merged["encoder"] != "reference" and self._fast is None and self.admission.admitted \
                 and self.knobs["encoder"] == "reference":
-            return Tokenizer(self.files, **merged)  # the fast encoder was never loaded
+            # the fast encoder was never loaded: load the file again from the reference's JSON
+            # (same SHA-256 of the original bytes, so the same guard table)
+            files = replace(self.files, raw=self.tokenizer_json())
+            return Tokenizer(files, **merged)
         clone = object.__new__(Tokenizer)
         clone.files, clone.reference, clone.admission = self.files, self.reference, self.admission
         clone.rules, clone._fast = self.rules, self._fast
+        clone._nfc_by_fast = self._nfc_by_fast
         clone.encoder_notes = list(self.encoder_notes)
         clone.knobs = merged
         clone._setup()
         return clone
+
+    def tokenizer_json(self) -> bytes:
+        """The loaded reference serialized as tokenizer.json (UTF-8 bytes). dtok does not keep
+        the file's own bytes; ``admission.sha256`` is still the SHA-256 of those."""
+        return self.reference.to_str().encode("utf-8")
 
     def close(self) -> None:
         """Stop the encoder threads (they are also stopped when the tokenizer is collected)."""
@@ -334,8 +363,10 @@ class Tokenizer:
 
     def _encode_pieces(self, pieces: list[str], batch: bool = False) -> list[list]:
         """Encode independent pieces (chunks of one text, or a batch of short texts): for each
-        piece, the list of its buffers. With the fast encoder, stretches that must go to the
-        reference are encoded on the thread pool while the fast encoder runs in this thread."""
+        piece, the list of its buffers. With the fast encoder, the stretches that must go to
+        the reference are sent in at most ``threads`` calls, and the rest in at most ``threads``
+        fast-encoder calls; the calls run on the thread pool and in this thread at once (both
+        encoders release the GIL)."""
         if not pieces:
             return []
         if self.encoder is self.ref_encoder:
@@ -350,24 +381,42 @@ class Tokenizer:
                 (fast if why is None else slow).append((len(owner), piece[a:b]))
                 owner.append(i)
         self._count(fast=len(fast), reference=len(slow))
+        calls = [(self.encoder.encode_many, g) for g in self._groups(fast)]
+        calls += [(self.ref_encoder.encode_stretches, g) for g in self._groups(slow, batch)]
         results: list = [None] * len(owner)
-        pending = {}
-        if slow:
-            if not batch and self.threads > 1 and (fast or len(slow) > 1):
-                pool = self._pool()
-                pending = {j: pool.submit(self.ref_encoder.encode, t) for j, t in slow}
-            else:  # one call for all of them
-                for (j, _), ids in zip(slow, self.ref_encoder.encode_many([t for _, t in slow])):
-                    results[j] = ids
-        if fast:
-            for (j, _), ids in zip(fast, self.encoder.encode_many([t for _, t in fast])):
+        pending = []
+        if len(calls) > 1:
+            pool = self._pool()
+            pending = [(g, pool.submit(fn, [t for _, t in g])) for fn, g in calls[1:]]
+            calls = calls[:1]
+        for fn, g in calls:
+            for (j, _), ids in zip(g, fn([t for _, t in g])):
                 results[j] = ids
-        for j, fut in pending.items():
-            results[j] = fut.result()
+        for g, fut in pending:
+            for (j, _), ids in zip(g, fut.result()):
+                results[j] = ids
         out: list[list] = [[] for _ in pieces]
         for j, i in enumerate(owner):
             out[i].append(results[j])
         return out
+
+    def _groups(self, items: list, one: bool = False) -> list[list]:
+        """Split (slot, text) items into at most ``threads`` groups of about equal length, one
+        encoder call each; short work stays in one group (a thread hand-off costs more)."""
+        if not items:
+            return []
+        total = sum(len(t) for _, t in items)
+        n = 1 if one else min(self.threads, len(items), max(1, total // PARALLEL_MIN_CHARS))
+        if n == 1:
+            return [items]
+        groups: list[list] = [[] for _ in range(n)]
+        share, size, g = total / n, 0, 0
+        for item in items:  # contiguous runs keep each group's text in order
+            if size >= share * (g + 1) and g < n - 1:
+                g += 1
+            groups[g].append(item)
+            size += len(item[1])
+        return [grp for grp in groups if grp]
 
     def _count(self, fast: int = 0, reference: int = 0) -> None:
         with self._executor_lock:
@@ -377,21 +426,29 @@ class Tokenizer:
     def _segments(self, piece: str) -> list[tuple[int, int, str | None]]:
         """[(start, end, why)] covering the piece: why is None for stretches the fast encoder
         may take, else why the stretch goes to the reference. Stretches start and end at safe
-        cuts, so their IDs concatenate to the piece's."""
-        kind, _ = self.rules.route(piece)
+        cuts, so their IDs concatenate to the piece's; stretches closer than COALESCE_GAP
+        characters are merged (one piece for the reference instead of three)."""
+        check_nfc = self.rules.nfc and not self._nfc_by_fast
+        kind, _ = self.rules.route(piece, nfc=check_nfc)
         if kind == 0:
             return [(0, len(piece), None)]
         spans = [(a, b, f"guard character U+{ord(piece[a]):04X} at {a}")
                  for a, b in self.rules.guard_spans(piece)]
-        if self.rules.nfc:
+        if check_nfc:
             spans += [(a, c, f"not NFC at {a}") for a, c in self._unstable(piece)]
         if not spans:
             return [(0, len(piece), None)]
         spans.sort()
         stretches = self.rules.isolate(piece, [(a, b) for a, b, _ in spans],
                                        self.knobs["scan_budget"][-1])
-        out, pos, k = [], 0, 0
+        merged: list[list[int]] = []
         for a, b in stretches:
+            if merged and a - merged[-1][1] < COALESCE_GAP:
+                merged[-1][1] = b
+            else:
+                merged.append([a, b])
+        out, pos, k = [], 0, 0
+        for a, b in merged:
             if a > pos:
                 out.append((pos, a, None))
             while k + 1 < len(spans) and spans[k][1] <= a:

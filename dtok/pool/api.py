@@ -31,6 +31,7 @@ import time
 import weakref
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Hashable
 
 import posix_ipc
@@ -112,6 +113,23 @@ def _pss_mb(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+def _tokenizer_bytes(tok: Tokenizer) -> bytes:
+    """The tokenizer for the zygote: the file's own bytes while they are unchanged on disk (or
+    bundled), else the loaded reference serialized (``admission.sha256`` still names the file,
+    as in ``Tokenizer.with_knobs``)."""
+    import gzip
+    import hashlib
+
+    path = Path(tok.files.path)
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        if hashlib.sha256(raw).hexdigest() == tok.admission.sha256:
+            return raw
+    except OSError:  # not a file: a tokenizer built from bytes
+        pass
+    return tok.tokenizer_json()
 
 
 def _positive_int(label: str, value) -> None:
@@ -226,7 +244,7 @@ class Pool:
                   "config": files.config, "sha256": self.tokenizer.admission.sha256,
                   "knobs": knobs, "spin_us": self.spin_us, **self._test_config}
         try:
-            self.zygote = ZygoteClient(self._res, config, files.raw)
+            self.zygote = ZygoteClient(self._res, config, _tokenizer_bytes(self.tokenizer))
             loaded = self.zygote.wait_loaded(deadline)
         except TimeoutError:
             raise PoolError(f"pool did not start within start_timeout {self.start_timeout} s") \

@@ -7,9 +7,9 @@ loads the tokenizer with every library single-threaded (``FASTOKENS_BPE_THREADS=
 ``zygote_client.ZYGOTE_ENV``), encodes nothing, and forks workers on request, so they share its
 pages copy-on-write. Before each fork it checks that it has no other thread.
 
-The tokenizer arrives as the front end's own bytes, on stdin after the configuration line, so a
-tokenizer built from bytes (not a file) can be pooled and the file's SHA-256 (which keys the
-guard tables) is the front end's.
+The tokenizer arrives on stdin after the configuration line (the file's bytes, or the front
+end's loaded reference serialized when there is no file), with the file's SHA-256, which keys
+the guard tables: so a tokenizer built from bytes can be pooled too.
 
 Control plane (not the hot path): JSON lines. The front end sends the configuration, then
 ``{"cmd": "fork", "index": i}`` (also to replace a dead worker) and ``{"cmd": "exit"}``; the
@@ -116,11 +116,8 @@ def _load(config: dict, raw: bytes):
     from dtok.admission import TokenizerFiles
     from dtok.tokenizer import Tokenizer
 
-    files = TokenizerFiles(Path(config["path"]), raw, config["config"], None)
-    tok = Tokenizer(files, **config["knobs"])
-    if tok.admission.sha256 != config["sha256"]:
-        raise RuntimeError("the tokenizer bytes changed on the way to the zygote")
-    return tok
+    files = TokenizerFiles(Path(config["path"]), raw, config["config"], None, config["sha256"])
+    return Tokenizer(files, **config["knobs"])
 
 
 def _serve(tok, config: dict, children: dict[int, int], done_sem, stdin: _Stdin) -> None:
