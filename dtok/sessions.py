@@ -12,16 +12,18 @@ one buffer. A continuation rewrites the buffer in place only while no view of it
 only its tail changes; otherwise it writes a new buffer, so views returned earlier never change.
 Every view is taken before anyone else can reach the entry that owns it.
 
-Requests without a key use *content lookup*: keyed BLAKE2b digests of UTF-8 prefixes at
-checkpoints (byte offsets 4 KiB, 8 KiB, ... 64 KiB, then every 64 KiB, and each stored text's
-end) find the stored text sharing the longest prefix with the request (one pass over the
-request); the continuation then starts from it exactly as for a keyed session — the texts
-themselves are compared before anything is reused, so a digest collision can waste work, never
-change IDs.
+Requests without a key use *content lookup*: keyed fingerprints of the 64 characters before
+each checkpoint (character offsets 4,096, 8,192, ... 65,536, then every 65,536, and each stored
+text's end) choose the stored text that shares the longest prefix with the request: the one
+whose end fingerprint matches (a whole prefix, the longest), else the most recently used of
+those matching the deepest checkpoint. Computing them reads ~64 characters per checkpoint, not
+the text, so a request that matches nothing stored costs microseconds. The choice is only a
+guess: the continuation then compares the texts themselves (the common prefix, the reused
+stretches) before anything is reused, so a fingerprint collision can waste work, never change
+IDs.
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 import sys
@@ -31,11 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any, Hashable, Protocol
 
 from dtok.repair import Anchors, Plan, PlanKnobs, execute, next_anchors, plan_text
+from dtok_ext.align import fingerprints
 from dtok_ext.buffers import IdBuffer, IdList
 
-LOOKUP_MIN_BYTES = 4096  # shorter texts cost less to encode than to look up
+LOOKUP_MIN_CHARS = 4096  # shorter texts cost less to encode than to look up
 LOOKUP_DENSE_UNTIL = 1 << 16  # checkpoints double up to here, then repeat at this spacing
-_DIGEST_SIZE = 16
 
 
 class BodyEncoder(Protocol):
@@ -61,12 +63,12 @@ def _headroom(n: int) -> int:
     return max(1024, n >> 4)
 
 
-def checkpoints(n_bytes: int) -> list[int]:
-    """Content-lookup checkpoints strictly below n_bytes: 4096, 8192, ... 65536, then every
+def checkpoints(n: int) -> list[int]:
+    """Content-lookup checkpoints strictly below n characters: 4096, 8192, ... 65536, then every
     65536 (dense enough that a text edited 30K characters before its end is still told apart
     from others sharing a shorter prefix)."""
-    out, o = [], LOOKUP_MIN_BYTES
-    while o < n_bytes:
+    out, o = [], LOOKUP_MIN_CHARS
+    while o < n:
         out.append(o)
         o = o << 1 if o < LOOKUP_DENSE_UNTIL else o + LOOKUP_DENSE_UNTIL
     return out
@@ -86,8 +88,8 @@ class Entry:
     used: int = 0  # store clock at last use (content lookup prefers the most recent)
     unchanged: int = 0  # leading IDs (prefix included) the last request left as they were
     lists: dict = field(default_factory=dict)  # add_special_tokens -> IdList (encode_list)
-    end_key: tuple[int, bytes] | None = None  # content entries: (byte length, digest)
-    ckpt_keys: tuple[tuple[int, bytes], ...] = ()
+    end_key: tuple[int, int] | None = None  # content entries: (length, fingerprint)
+    ckpt_keys: tuple[tuple[int, int], ...] = ()
 
 
 class SessionStore:
@@ -112,9 +114,9 @@ class SessionStore:
         self._keyed: dict[Hashable, Entry] = {}
         self._lru: OrderedDict[Entry, None] = OrderedDict()  # all entries, oldest use first
         self._content: OrderedDict[Entry, None] = OrderedDict()  # content entries, oldest first
-        self._by_end: dict[tuple[int, bytes], Entry] = {}
-        self._by_ckpt: dict[tuple[int, bytes], set[Entry]] = {}
-        self._digest_key = os.urandom(16)  # keyed: clients cannot aim for collisions
+        self._by_end: dict[tuple[int, int], Entry] = {}
+        self._by_ckpt: dict[tuple[int, int], set[Entry]] = {}
+        self._fp_key = int.from_bytes(os.urandom(8), "little")  # clients cannot aim for collisions
         self._clock = itertools.count(1)
         self._bytes = 0
         self._counts = dict(hits=0, repairs=0, edits=0, full_encodes=0, fallbacks=0,
@@ -186,12 +188,12 @@ class SessionStore:
                 with self._lock:
                     self._account(entry)
 
-    def encode_lookup(self, text: str, raw: bytes, add_special_tokens: bool,
+    def encode_lookup(self, text: str, add_special_tokens: bool,
                       as_list: bool = False) -> memoryview | list:
-        """Content lookup for a text of at least LOOKUP_MIN_BYTES UTF-8 bytes (``raw``): continue
-        from the stored text sharing the longest prefix, which the result replaces when it
-        reused most of it."""
-        found, end_key, ckpt_keys = self._find(raw)
+        """Content lookup for a text of at least LOOKUP_MIN_CHARS characters: continue from the
+        stored text sharing the longest prefix, which the result replaces when it reused most of
+        it."""
+        found, end_key, ckpt_keys = self._find(text)
         self._count("lookups")
         entry = Entry(None)
         if found is not None:
@@ -230,13 +232,9 @@ class SessionStore:
                 entry = self._keyed.get(key)
             source = "session"
         else:
-            try:
-                raw = text.encode("utf-8")
-            except UnicodeEncodeError:
-                return {"route": "reference", "why": "lone surrogates: the reference decides"}
-            if not self.content_lookup or len(raw) < LOOKUP_MIN_BYTES:
+            if not self.content_lookup or len(text) < LOOKUP_MIN_CHARS:
                 return {}
-            entry = self._find(raw)[0]
+            entry = self._find(text)[0]
             source = "content lookup"
         old = entry.text if entry is not None else None
         if old is None:
@@ -326,44 +324,32 @@ class SessionStore:
 
     # --- content index --------------------------------------------------------------------
 
-    def _find(self, raw: bytes) -> tuple[Entry | None, tuple[int, bytes], tuple[tuple[int, bytes], ...]]:
-        """One pass of keyed BLAKE2b over `raw`: the stored text sharing the longest prefix with
-        it (a stored text that is a whole prefix first, the longest; else the most recently used
-        of those matching the deepest checkpoint), and `raw`'s own end and checkpoint keys.
-
-        A stored text of L bytes is a whole prefix only if it matched at every checkpoint below
-        L, so only texts ending between the last matched checkpoint and the next one are hashed
-        to their own end (from a copy of the running hash)."""
-        h = hashlib.blake2b(digest_size=_DIGEST_SIZE, key=self._digest_key)
-        view = memoryview(raw)
-        n = len(raw)
-        ckpt_keys: list[tuple[int, bytes]] = []
-        best: Entry | None = None
-        alive: list[Entry] = []
+    def _find(self, text: str) -> tuple[Entry | None, tuple[int, int],
+                                        tuple[tuple[int, int], ...]]:
+        """The stored text that most likely shares the longest prefix with `text` (see the module
+        docstring), and `text`'s own end and checkpoint keys (to store it)."""
+        n = len(text)
+        stops = checkpoints(n)
+        fps = fingerprints(text, [*stops, n], self._fp_key)
+        ckpt_keys = tuple(zip(stops, fps))
         deepest: list[Entry] = []
-        pos = 0
-        digest = b""
-        for stop in checkpoints(n) + [n]:
-            for e in sorted((e for e in alive if pos < e.end_key[0] < stop),
-                            key=lambda e: e.end_key[0]):
-                g = h.copy()
-                g.update(view[pos : e.end_key[0]])
-                if g.digest() == e.end_key[1]:
-                    best = e
-            h.update(view[pos:stop])
-            pos = stop
-            digest = h.digest()
-            with self._lock:
-                best = self._by_end.get((stop, digest), best)
-                if stop < n:
-                    alive = list(self._by_ckpt.get((stop, digest), ()))
-                    if alive:
-                        deepest = alive
-            if stop < n:
-                ckpt_keys.append((stop, digest))
+        with self._lock:
+            best = self._by_end.get((n, fps[-1]))  # the same text, or one equal at its end
+            for key in ckpt_keys:
+                found = self._by_ckpt.get(key)
+                if not found:
+                    break
+                deepest = list(found)
         if best is None and deepest:
-            best = max(deepest, key=lambda e: e.used)
-        return best, (n, digest), tuple(ckpt_keys)
+            # a stored text that is a whole prefix: its end fingerprint matches (the longest)
+            ends = sorted({e.end_key[0] for e in deepest if e.end_key[0] < n}, reverse=True)
+            for end, fp in zip(ends, fingerprints(text, ends, self._fp_key)):
+                best = next((e for e in deepest if e.end_key == (end, fp)), None)
+                if best is not None:
+                    break
+            if best is None:
+                best = max(deepest, key=lambda e: e.used)
+        return best, (n, fps[-1]), ckpt_keys
 
     def _publish(self, entry: Entry, end_key, ckpt_keys, found: Entry | None = None,
                  reused: int = 0, replace: bool = False) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Hashable, Sequence
 from dtok import guards, tables
 from dtok.admission import Admission, TokenizerFiles, admit, bundled_files, read_files
 from dtok.encoders import FastEncoder, FastEncoderError, ReferenceEncoder, fastokens_version
-from dtok.sessions import LOOKUP_MIN_BYTES, SessionStore
+from dtok.sessions import LOOKUP_MIN_CHARS, SessionStore
 from dtok_ext.buffers import IdBuffer, ids_from_list
 from dtok_ext.cuts import CutRules
 from dtok_ext.specials import SpecialMatcher
@@ -30,7 +30,7 @@ KNOBS: dict[str, Any] = {
     "chunk_target": 65536,  # aimed-at chunk length
     "max_chunks": 16,
     "scan_budget": (48, 4096),  # backward scan for a safe cut: first stage, then up to the second
-    "content_lookup": True,  # unkeyed texts of 4096+ UTF-8 bytes reuse a stored prefix's IDs
+    "content_lookup": True,  # unkeyed texts of 4096+ characters reuse a stored text's IDs
     "max_sessions": 4096,  # keyed sessions kept
     "session_bytes": 128 << 20,  # text + IDs kept for sessions and content lookup (LRU)
     "lookup_entries": 1024,  # content-lookup entries kept (oldest dropped first)
@@ -265,7 +265,7 @@ class Tokenizer:
         """IDs of ``text``, exactly as ``reference.encode(text, add_special_tokens=...).ids``.
 
         With ``session=key``, the text and IDs are kept: when the next text for the key extends
-        the stored one, only a short tail is re-encoded. Without a key, texts of 4096 UTF-8
+        the stored one, only a short tail is re-encoded. Without a key, texts of 4096 characters
         bytes or more are looked up by content (knob ``content_lookup``).
 
         >>> tok = Tokenizer.default()
@@ -297,13 +297,8 @@ class Tokenizer:
             return view.tolist() if as_list else view
         if session is not None:
             return self.sessions.encode_keyed(text, session, add_special_tokens, as_list)
-        if self.sessions.content_lookup and len(text) * 4 >= LOOKUP_MIN_BYTES:
-            try:
-                raw = text.encode("utf-8")
-            except UnicodeEncodeError:
-                raw = b""  # lone surrogates: the stateless route raises what the reference raises
-            if len(raw) >= LOOKUP_MIN_BYTES:
-                return self.sessions.encode_lookup(text, raw, add_special_tokens, as_list)
+        if self.sessions.content_lookup and len(text) >= LOOKUP_MIN_CHARS:
+            return self.sessions.encode_lookup(text, add_special_tokens, as_list)
         buf = self._encode_buffer(text)
         view = buf.view() if add_special_tokens else \
             buf.view(len(self.admission.prefix), buf.length - len(self.admission.suffix))

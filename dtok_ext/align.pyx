@@ -179,3 +179,32 @@ def match_runs(str old not None, str new not None, Py_ssize_t old_from, Py_ssize
         PyMem_Free(offsets)
         PyMem_Free(table)
     return runs, work
+
+
+cdef enum:
+    FP_WINDOW = 64  # characters a fingerprint covers, ending at its offset
+
+
+def fingerprints(str text not None, offsets, unsigned long long key):
+    """Keyed 64-bit fingerprints of the ``FP_WINDOW`` characters that end at each offset (fewer
+    at the start of the text), over code points, so a text's kind (1, 2 or 4 bytes per
+    character) does not change them. Content lookup uses them only to choose which stored text
+    to compare with; the comparison itself decides.
+
+    >>> a = fingerprints("x" * 100 + "abc", [100, 103], 7)
+    >>> a == fingerprints("x" * 100 + "abc" + "\U0001f600", [100, 103], 7), a[0] != a[1]
+    (True, True)
+    """
+    cdef UText t = utext_of(text)
+    cdef Py_ssize_t o, i, start
+    cdef uint64_t h
+    out = []
+    for o in offsets:
+        if o < 0 or o > t.length:
+            raise ValueError("offset out of range")
+        start = o - FP_WINDOW if o > FP_WINDOW else 0
+        h = key ^ <uint64_t>(o - start)
+        for i in range(start, o):
+            h = (h ^ <uint64_t>uread(&t, i)) * 0x100000001B3ULL
+        out.append(mix(h ^ (h >> 32)))
+    return out
