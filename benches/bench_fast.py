@@ -1,28 +1,40 @@
 #!/usr/bin/env python3
-"""The fast encoder behind its guards vs the reference, side by side, exactness checked.
+"""dtok on the fast encoder next to the encoders users would pick, exactness checked.
 
-    python benches/bench_fast.py [--tokenizers ...] [--sizes 1000000 4000000] [--repeats 3]
+    python benches/bench_fast.py [--tokenizers ...] [--sizes 1000000] [--repeats 3] [--modes ...]
+    python benches/bench_fast.py --breakdown-only
+    python benches/bench_fast.py --order-only
     python benches/bench_fast.py --memory-only
 
-Each (tokenizer, mode) runs in a fresh process, so that fastokens' own thread setting
-(FASTOKENS_BPE_THREADS, read once per process) can differ:
+Each (tokenizer, mode) runs in a fresh process with FASTOKENS_BPE_THREADS=1 (unless set):
 
-* ``single``: dtok with ``threads=1`` and FASTOKENS_BPE_THREADS=1, one encode per text;
-* ``2 threads``: dtok's defaults on this machine (chunked; fastokens' own threads).
+* ``single``: dtok with ``threads=1`` next to fastokens alone (its own instance, one call on the
+  whole text);
+* ``single+others``: the same, with gigatoken and the reference's ``encode_batch_fast`` also
+  loaded and called in the rotation (a process that holds several encoders);
+* ``2 threads``, ``2 threads+others``: dtok with its default threads (2 here), against the same
+  single-threaded peers.
 
-In each process, for every kind of text (prose, code, multilingual) and size, distinct documents
-are encoded by the reference's plain ``encode(x).ids`` and by dtok, alternating; medians, P99
-and ratios are printed and written to bench-results/fast.json. The same processes measure:
-a guarded 1M-character document (one decomposed accent, Qwen3; one unassigned code point
-otherwise) whole through the reference vs dtok's chunks; a session initialization of a
-1M-character transcript. Memory runs measure, in fresh processes, VmRSS/PSS after loading
-(cold) and after encoding 1M characters (warm), and the peak (VmHWM), per file and encoder.
+For every kind of text (prose, code, multilingual, adversarial: the adversarial corpus files
+concatenated) distinct documents (an even number) are encoded by every encoder: the peers
+first, then dtok and fastokens in alternating order, so that each of the two comes right after
+the others equally often; every call on a fresh copy of the text and after a 20 ms pause (what
+ran just before matters, through encoder threads and glibc's heap: ``--order-only`` measures
+that itself); dtok's IDs are compared with the
+reference's. Printed: medians, P99, the per-document ratio dtok / fastokens (median and
+min-max over the documents) and the CPU-time ratio. Then a guarded 1M-character document (one
+unassigned code point). ``--breakdown-only``: where dtok's single-thread time goes (plan, slice,
+route, encoder calls, concatenation) next to fastokens alone. Memory runs measure, in fresh
+processes, VmRSS/PSS after loading (cold) and after encoding 1M characters (warm) and the peak
+(VmHWM), for dtok on each encoder and for fastokens and tokenizers alone. JSON goes to
+bench-results/.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -32,7 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import SHARED, documents, header, machine, smaps, summary, write_json  # noqa: E402
 
-KINDS = ("prose", "code", "multilingual")
+PAUSE_S = 0.02
+MODES = ("single", "single+others", "2 threads", "2 threads+others")
+KINDS = ("prose", "code", "multilingual", "adversarial")
 
 
 def memory() -> dict:
@@ -55,44 +69,97 @@ def timed(fn):
     return time.perf_counter() - t0, out
 
 
+def peers(path: Path, with_others: bool) -> dict:
+    """The encoders dtok is compared with, each loaded on its own: fastokens alone always;
+    with ``with_others`` also gigatoken and the reference's ``encode_batch_fast`` (the same
+    process then holds every encoder, as a serving process trying several would)."""
+    import fastokens
+
+    raw = path.joinpath("tokenizer.json").read_text(encoding="utf-8")
+    ft = fastokens.Tokenizer.from_json_str(raw)
+    out = {"fastokens": lambda d: ft.encode_batch_flat([d], add_special_tokens=False)[0]}
+    if with_others:
+        try:
+            import gigatoken
+
+            gt = gigatoken.Tokenizer(str(path / "tokenizer.json"))
+            out["gigatoken"] = lambda d: gt.encode(d)
+        except Exception as exc:  # not installed, or refuses the file
+            print(f"# gigatoken not measured: {exc!r}"[:200], flush=True)
+        from tokenizers import Tokenizer as HF
+
+        hf = HF.from_str(raw)
+        out["hf batch_fast"] = lambda d: hf.encode_batch_fast([d], add_special_tokens=False)
+    return out
+
+
 def run_speed(name: str, mode: str, sizes: list[int], repeats: int) -> list[dict]:
     import dtok
 
-    knobs = {"threads": 1} if mode == "single" else {}
-    tok = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name, content_lookup=False, **knobs)
+    threads = 1 if mode.startswith("single") else None
+    with_others = mode.endswith("+others")
+    tok = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name, content_lookup=False,
+                                   **({"threads": threads} if threads else {}))
     assert tok.encoder.name == "fastokens", tok.stats()
     ref = tok.reference
-    # Warm both encoders' word caches on other text first (a serving process is warm).
+    others = peers(SHARED / "tokenizers" / name, with_others)
+    encoders = {"dtok": lambda d: tok.encode(d, add_special_tokens=False), **others}
+    # Warm every encoder's word cache on other text first (a serving process is warm).
     for kind in KINDS:
         warm = documents(kind, 300_000, 7)[-1]
-        ref.encode(warm)
-        tok.encode(warm)
+        for fn in encoders.values():
+            fn(warm)
     rows = []
+    n_docs = repeats + repeats % 2  # an even count: dtok and fastokens each go first half the time
     for size in sizes:
         for kind in KINDS:
-            docs = documents(kind, size, repeats + 1)
-            tok.encode(docs[-1][:100_000])
-            t_ref, t_dtok, exact = [], [], True
-            for i, doc in enumerate(docs[:-1]):
-                order = [("ref", lambda: ref.encode(doc).ids), ("dtok", lambda: tok.encode(doc))]
-                res = {}
-                for label, fn in (order if i % 2 == 0 else order[::-1]):
-                    res[label] = timed(fn)
-                t_ref.append(res["ref"][0])
-                t_dtok.append(res["dtok"][0])
-                exact &= list(res["dtok"][1]) == res["ref"][1]
+            docs = documents(kind, size, n_docs + 1)
+            for fn in encoders.values():
+                fn(docs[-1][:100_000])
+            wants = [ref.encode((doc + " ")[:-1], add_special_tokens=False).ids
+                     for doc in docs[:-1]]
+            wall = {k: [] for k in encoders}
+            cpu = {k: [] for k in encoders}
+            exact = True
+            for i, (doc, want) in enumerate(zip(docs[:-1], wants)):
+                # The peers that are not compared run first; dtok and fastokens follow, in
+                # alternating order, so that each comes right after the others' calls equally
+                # often (what ran just before matters: see --order-only).
+                pair = [(k, encoders[k]) for k in ("dtok", "fastokens")]
+                order = [(k, f) for k, f in encoders.items() if k not in ("dtok", "fastokens")]
+                order += pair if i % 2 == 0 else pair[::-1]
+                for label, fn in order:
+                    # a fresh copy each time, as a request's text arrives: encoders that read
+                    # a str as UTF-8 cache that form inside the str object, which would let
+                    # whoever comes second skip the transcoding
+                    fresh = (doc + " ")[:-1]
+                    time.sleep(PAUSE_S)  # the previous encoder's threads settle (see --order)
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    got = fn(fresh)
+                    wall[label].append(time.perf_counter() - t0)
+                    cpu[label].append(time.process_time() - c0)
+                    if label == "dtok":
+                        exact &= list(got) == want
             row = {"tokenizer": name, "mode": mode, "kind": kind, "chars": size, "exact": exact,
-                   "reference": summary(t_ref), "dtok": summary(t_dtok),
+                   "wall": {k: summary(v) for k, v in wall.items()},
+                   "cpu": {k: summary(v) for k, v in cpu.items()},
                    "routes": tok.explain(docs[0]).get("chunk_routes")}
-            row["ratio"] = row["reference"]["median_ms"] / row["dtok"]["median_ms"]
+            # ratio per document (same document, same moment), then its median and spread
+            per_doc = sorted(a / b for a, b in zip(wall["dtok"], wall["fastokens"]))
+            row["dtok_over_fastokens"] = {"median": statistics.median(per_doc),
+                                          "min": per_doc[0], "max": per_doc[-1]}
             rows.append(row)
-            print(f"{name:12s} {mode:9s} {kind:12s} {size:>9,}  ref {row['reference']['median_ms']:8.1f} ms"
-                  f"  dtok {row['dtok']['median_ms']:7.2f} ms (p99 {row['dtok']['p99_ms']:7.2f})"
-                  f"  x{row['ratio']:6.1f}  exact={exact}", flush=True)
-    # A guarded document: whole-call fallback vs fallback confined to one chunk.
+            cells = "  ".join(f"{k} {row['wall'][k]['median_ms']:7.2f}" for k in encoders)
+            r = row["dtok_over_fastokens"]
+            print(f"{name:12s} {mode:16s} {kind:12s} {size:>9,}  {cells} ms  dtok/fastokens "
+                  f"{r['median']:.2f} [{r['min']:.2f}-{r['max']:.2f}] (cpu "
+                  f"{row['cpu']['dtok']['median_ms'] / row['cpu']['fastokens']['median_ms']:.2f})"
+                  f"  p99 dtok {row['wall']['dtok']['p99_ms']:.2f}  exact={exact}", flush=True)
+    if mode.endswith("+others"):
+        return rows
+    # A guarded document: whole-call fallback vs fallback confined to one stretch.
     doc = documents("prose", 1_000_000, 1)[0]
-    mark = "Cafe\u0301" if tok.admission.nfc else "x\u0378y"
-    doc = doc[:500_000] + mark + doc[500_000:]
+    doc = doc[:500_000] + "x\u0378y" + doc[500_000:]  # one unassigned code point
     t_whole, want = timed(lambda: ref.encode(doc).ids)
     t_dtok, got = timed(lambda: tok.encode(doc))
     routes = tok.explain(doc)["chunk_routes"]
@@ -100,39 +167,142 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int) -> list[dict
                  "reference_whole_ms": t_whole * 1e3, "dtok_ms": t_dtok * 1e3,
                  "reference_chunks": sum(r != "fast" for r in routes), "chunks": len(routes),
                  "exact": list(got) == want})
-    print(f"{name:12s} {mode:9s} guarded 1M: reference whole {t_whole * 1e3:.1f} ms, dtok "
-          f"{t_dtok * 1e3:.1f} ms with {rows[-1]['reference_chunks']}/{len(routes)} chunks on the "
-          f"reference, exact={rows[-1]['exact']}", flush=True)
-    # Session initialization of a 1M-character transcript.
-    from bench_append import stream
+    print(f"{name:12s} {mode:16s} guarded 1M: reference whole {t_whole * 1e3:.1f} ms, dtok "
+          f"{t_dtok * 1e3:.1f} ms with {rows[-1]['reference_chunks']}/{len(routes)} chunks "
+          f"partly on the reference, exact={rows[-1]['exact']}", flush=True)
+    return rows
 
-    text = stream(tok, 1_000_000)
-    t_ref, want = timed(lambda: ref.encode(text).ids)
-    t_init, got = timed(lambda: tok.encode(text, session="init"))
-    rows.append({"tokenizer": name, "mode": mode, "case": "session init 1M transcript",
-                 "reference_ms": t_ref * 1e3, "dtok_ms": t_init * 1e3,
-                 "ratio": t_ref / t_init, "exact": list(got) == want})
-    print(f"{name:12s} {mode:9s} session init 1M: reference {t_ref * 1e3:.1f} ms, dtok "
-          f"{t_init * 1e3:.1f} ms, x{t_ref / t_init:.1f}, exact={rows[-1]['exact']}", flush=True)
+
+def run_order(name: str, repeats: int) -> list[dict]:
+    """What the encoder that ran just before does to the next call: dtok (one thread) and
+    fastokens alone timed right after the reference's ``encode_batch_fast`` of the same 1M
+    characters, after it and a 20 ms pause, right after gigatoken, and right after their own
+    previous call; thread CPU time and wall time. (The reference leaves glibc's main heap
+    with much freed memory; the next large allocations in this thread pay for sorting it.)"""
+    import dtok
+    import gigatoken
+    from tokenizers import Tokenizer as HF
+
+    path = SHARED / "tokenizers" / name
+    tok = dtok.Tokenizer.from_file(path, threads=1, content_lookup=False)
+    fast = peers(path, False)["fastokens"]
+    hf = HF.from_file(str(path / "tokenizer.json"))
+    gt = gigatoken.Tokenizer(str(path / "tokenizer.json"))
+    timed_ = {"dtok": lambda d: tok.encode(d, add_special_tokens=False), "fastokens": fast}
+    before = {"right after reference": lambda d: hf.encode_batch_fast([d]),
+              "after reference, 20 ms pause": lambda d: (hf.encode_batch_fast([d]),
+                                                         time.sleep(0.02)),
+              "right after gigatoken": lambda d: gt.encode(d),
+              "right after itself": lambda d: None}
+    docs = documents("prose", 1_000_000, repeats * 2 + 1)
+    for fn in timed_.values():
+        fn(docs[-1])
+    res: dict = {}
+    for doc in docs[:-1]:
+        for who, fn in timed_.items():
+            for cond, pre in before.items():
+                pre((doc + " ")[:-1])
+                fresh = (doc + " ")[:-1]
+                t0, c0 = time.perf_counter(), time.thread_time()
+                fn(fresh)
+                res.setdefault((cond, who), []).append(
+                    ((time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3))
+    rows = []
+    for cond in before:
+        row = {"tokenizer": name, "case": "order", "before": cond}
+        for who in timed_:
+            v = res[(cond, who)]
+            row[who] = {"wall_ms": statistics.median(a for a, _ in v),
+                        "thread_cpu_ms": statistics.median(b for _, b in v)}
+        rows.append(row)
+        print(f"{name:12s} order: {cond:30s} dtok {row['dtok']['wall_ms']:6.2f} ms "
+              f"(cpu {row['dtok']['thread_cpu_ms']:.2f})  fastokens {row['fastokens']['wall_ms']:6.2f}"
+              f" ms (cpu {row['fastokens']['thread_cpu_ms']:.2f})", flush=True)
+    return rows
+
+
+def run_breakdown(name: str, repeats: int) -> list[dict]:
+    """Where dtok's time goes on one thread (1M characters per kind): planning, slicing,
+    routing (guard and NFC scans), the encoder calls, concatenation; vs fastokens alone."""
+    import dtok
+    from dtok_ext.buffers import IdBuffer
+
+    tok = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name, content_lookup=False, threads=1)
+    fast = peers(SHARED / "tokenizers" / name, False)["fastokens"]
+    rows = []
+    for kind in KINDS:
+        docs = documents(kind, 1_000_000, repeats)
+        for d in docs:
+            tok.encode(d), fast(d)
+        parts: dict[str, list] = {}
+        for d0 in docs * 3:
+            d, whole = (d0 + " ")[:-1], (d0 + " ")[:-1]  # fresh strings (no cached UTF-8)
+            t = {}
+            t["plan"], cuts = timed(lambda: tok._plan(d))
+            bounds = [0, *cuts, len(d)]
+            t["slice"], pieces = timed(lambda: [d[a:b] for a, b in zip(bounds, bounds[1:])])
+            t["route"], segs = timed(lambda: [tok._segments(p) for p in pieces])
+            fast_texts = [p[a:b] for p, ss in zip(pieces, segs) for a, b, w in ss if w is None]
+            ref_texts = [p[a:b] for p, ss in zip(pieces, segs) for a, b, w in ss if w is not None]
+            t["fast encoder"], ids = timed(lambda: tok.encoder.encode_many(fast_texts))
+            t["reference"], rids = timed(lambda: tok.ref_encoder.encode_many(ref_texts)
+                                         if ref_texts else [])
+            t["concat"], _ = timed(lambda: IdBuffer.concat(list(ids) + list(rids), (), ()))
+            total = (d0 + " ")[:-1]
+            t["dtok total"], _ = timed(lambda: tok.encode(total, add_special_tokens=False))
+            t["fastokens alone"], _ = timed(lambda: fast(whole))
+            for k, v in t.items():
+                parts.setdefault(k, []).append(v * 1e3)
+        row = {"tokenizer": name, "kind": kind, "ms": {k: statistics.median(v)
+                                                       for k, v in parts.items()},
+               "reference_stretches": len(ref_texts),
+               "reference_chars": sum(map(len, ref_texts))}
+        rows.append(row)
+        print(f"{name:12s} {kind:12s} " + "  ".join(f"{k} {v:.2f}" for k, v in row["ms"].items())
+              + f"  (ms; {row['reference_stretches']} stretches, {row['reference_chars']} chars "
+              "on the reference)", flush=True)
     return rows
 
 
 def run_memory(name: str, encoder: str) -> dict:
+    """One row, in a fresh process: dtok on an encoder, or a peer alone (loaded as its users
+    load it, with glibc's freed heap released like dtok does after loading)."""
     cold0 = memory()
-    import dtok
+    path = SHARED / "tokenizers" / name
+    if encoder == "fastokens alone":
+        import fastokens
 
-    tok = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name, encoder=encoder)
+        native = fastokens.Tokenizer.from_file(str(path / "tokenizer.json"))
+        encode, label = (lambda d: native.encode_batch_flat([d])), encoder
+    elif encoder == "tokenizers alone":
+        from tokenizers import Tokenizer as HF
+
+        hf = HF.from_file(str(path / "tokenizer.json"))
+        encode, label = (lambda d: hf.encode_batch_fast([d])), encoder
+    else:
+        import dtok
+
+        tok = dtok.Tokenizer.from_file(path, encoder=encoder, content_lookup=False)
+        encode, label = tok.encode, f"dtok {tok.encoder.name}"
+    if encoder.endswith("alone"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
     cold = memory()
     doc = documents("prose", 1_000_000, 1)[0]
-    tok.encode(doc)
+    encode(doc)
     warm = memory()
-    return {"tokenizer": name, "encoder": tok.encoder.name, "before_import": cold0,
+    return {"tokenizer": name, "encoder": label, "before_import": cold0,
             "cold": cold, "warm_after_1M": warm}
 
 
 def child(args) -> None:
     if args.child == "speed":
         rows = run_speed(args.tokenizers[0], args.mode, args.sizes, args.repeats)
+    elif args.child == "breakdown":
+        rows = run_breakdown(args.tokenizers[0], args.repeats)
+    elif args.child == "order":
+        rows = run_order(args.tokenizers[0], args.repeats)
     else:
         rows = [run_memory(args.tokenizers[0], args.mode)]
     print("JSON" + json.dumps(rows))
@@ -141,10 +311,14 @@ def child(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokenizers", nargs="*", default=["qwen3", "llama3", "deepseek-v3", "gpt-oss"])
-    ap.add_argument("--sizes", type=int, nargs="*", default=[1_000_000, 4_000_000])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[1_000_000])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--memory-only", action="store_true")
-    ap.add_argument("--child", choices=["speed", "memory"], help=argparse.SUPPRESS)
+    ap.add_argument("--breakdown-only", action="store_true")
+    ap.add_argument("--order-only", action="store_true")
+    ap.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--child", choices=["speed", "memory", "breakdown", "order"],
+                    help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -152,13 +326,20 @@ def main() -> None:
     info = machine()
     print(header(info))
     rows = []
-    jobs = [] if args.memory_only else [("speed", n, m) for n in args.tokenizers
-                                         for m in ("single", "2 threads")]
-    jobs += [("memory", n, e) for n in args.tokenizers for e in ("reference", "auto")]
+    only = args.memory_only or args.breakdown_only or args.order_only
+    jobs = [] if only else [("speed", n, m) for n in args.tokenizers for m in args.modes]
+    if not (args.memory_only or args.order_only):
+        jobs += [("breakdown", n, "single") for n in args.tokenizers]
+    if not (args.memory_only or args.breakdown_only):
+        jobs += [("order", n, "single") for n in args.tokenizers]
+    if not (args.breakdown_only or args.order_only):
+        jobs += [("memory", n, e) for n in args.tokenizers
+                 for e in ("reference", "auto", "fastokens alone", "tokenizers alone")]
     for kind, name, mode in jobs:
         env = dict(os.environ)
-        if mode == "single":
-            env["FASTOKENS_BPE_THREADS"] = "1"
+        # fastokens' own BPE threads off everywhere: dtok divides a text across its threads
+        # itself, and "fastokens alone" is the single-thread baseline of the issue
+        env.setdefault("FASTOKENS_BPE_THREADS", "1")
         cmd = [sys.executable, __file__, "--child", kind, "--mode", mode, "--tokenizers", name,
                "--repeats", str(args.repeats), "--sizes", *map(str, args.sizes)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -171,11 +352,13 @@ def main() -> None:
             print(proc.stderr[-3000:], flush=True)
         if kind == "memory":
             r = rows[-1]
-            print(f"memory {name:12s} {r['encoder']:9s} cold RSS {r['cold']['VmRSS']} MiB "
+            print(f"memory {name:12s} {r['encoder']:16s} cold RSS {r['cold']['VmRSS']} MiB "
                   f"PSS {r['cold'].get('Pss')} MiB; after 1M chars RSS {r['warm_after_1M']['VmRSS']}"
                   f" MiB PSS {r['warm_after_1M'].get('Pss')} MiB peak {r['warm_after_1M']['VmHWM']} MiB",
                   flush=True)
-    path = write_json("fast.json" if not args.memory_only else "fast-memory.json",
+    path = write_json("fast-memory.json" if args.memory_only else
+                      "fast-breakdown.json" if args.breakdown_only else
+                      "fast-order.json" if args.order_only else "fast.json",
                       {"machine": info, "args": vars(args), "rows": rows})
     print("wrote", path)
 

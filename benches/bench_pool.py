@@ -1,24 +1,33 @@
 #!/usr/bin/env python3
-"""Pool transfer overhead: pool call minus in-process work, against a pickled-pipe pool, same run.
+"""Pool latency at every request spacing, where the time goes, and transfer overhead.
 
-    python benches/bench_pool.py [--tokenizer qwen3] [--sizes 100000 1000000] [--calls 300]
+    python benches/bench_pool.py [--tokenizer qwen3] [--size 1000000] [--spacings 0 1 5 20 100]
+                                 [--requests 200] [--repeats 3] [--transfer]
 
-For each context size: a keyed session is initialized, then 400-character appends are sent
-through (1) dtok.Pool (shared memory; only the append travels, the IDs come back as a view of
-shared memory), (2) a baseline pool written for this comparison that pickles the whole
-transcript down a multiprocessing Pipe to a worker keeping dtok sessions and pickles the ID list
-back (the paper's pool design), and (3) the same work in process (Tokenizer sessions). Stateless
-requests of the same sizes are timed the same way (no chunking, so it is transfer alone).
-Overhead = median(pool call) - median(in-process). The three run in alternating blocks of 50
-calls (each back to back, as on a busy server), all single-threaded encoders
-(FASTOKENS_BPE_THREADS=1, so the in-process work is what one worker does). Writes
-bench-results/pool.json and a PNG.
+1. **Spacing sweep.** A keyed session of ``--size`` characters (real prose) gets 400-character
+   appends. Arrivals are a Poisson process (exponential gaps of mean S ms; S = 0 is back to
+   back): each request starts at its scheduled arrival, or when the previous one returned if
+   that is later (one client, as an agent is). Latency = return - start of the call. The same
+   appends go through ``dtok.Pool(workers=2)`` with default knobs and through the in-process
+   ``Tokenizer`` (same encoder, single-threaded), alternating in blocks of 25, so both see the
+   same machine state; per spacing, ``--repeats`` repeats. Printed: median and P99 per repeat,
+   the median over repeats and the min-max spread, and pool - in process.
+2. **Where the time goes** (pool): from timestamps taken in the front end and in the worker
+   (CLOCK_MONOTONIC, one clock for both): submit -> sent (front-end planning), sent -> picked
+   (worker wake-up), picked -> answered (the worker's work), answered -> harvested (caller
+   wake-up), harvested -> returned (building the view).
+3. ``--transfer``: the old comparison, back to back, with a pool written for it that pickles
+   the transcript and the ID list through a ``multiprocessing`` pipe (the paper's pool design).
+
+Writes bench-results/pool.json.
 """
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
 import os
+import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,9 +36,101 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 os.environ["FASTOKENS_BPE_THREADS"] = "1"  # before fastokens is used: one encoder thread
 
-from common import RESULTS, SHARED, corpus, header, machine, summary, write_json  # noqa: E402
+from common import SHARED, corpus, header, machine, summary, write_json  # noqa: E402
 
 import dtok  # noqa: E402
+
+BLOCK = 25
+
+
+def _append_stream(src: str, size: int, n: int):
+    """The session's text after each of n 400-character appends."""
+    return [src[: size + (i + 1) * 400] for i in range(n)]
+
+
+def _run_block(fn, texts, gaps_s, trace_out=None):
+    lat = []
+    next_at = time.perf_counter()
+    for text, gap in zip(texts, gaps_s):
+        next_at += gap
+        now = time.perf_counter()
+        if next_at > now:
+            time.sleep(next_at - now)
+        t0 = time.perf_counter()
+        out = fn(text)
+        t1 = time.perf_counter()
+        lat.append(t1 - t0)
+        if trace_out is not None:
+            trace_out.append(time.monotonic())
+        del out
+        next_at = max(next_at, t1)
+    return lat
+
+
+def sweep(tok, pool, src: str, size: int, spacings, requests: int, repeats: int, check):
+    rows = []
+    for spacing in spacings:
+        reps = []
+        for rep in range(repeats):
+            rng = random.Random(1000 * spacing + rep)
+            key = f"s{spacing}-{rep}"
+            local = tok.with_knobs(threads=1)
+            base = src[:size]
+            pool.encode(base, session=key)
+            local.encode(base, session=key)
+            texts = _append_stream(src, size, requests)
+            gaps = [rng.expovariate(1e3 / spacing) if spacing else 0.0 for _ in texts]
+            lat = {"pool": [], "in_process": []}
+            pool.trace = []
+            returned: list[float] = []
+            for b in range(0, requests, BLOCK):
+                lat["pool"] += _run_block(lambda t: pool.encode(t, session=key),
+                                          texts[b : b + BLOCK], gaps[b : b + BLOCK], returned)
+                lat["in_process"] += _run_block(lambda t: local.encode(t, session=key),
+                                                texts[b : b + BLOCK], gaps[b : b + BLOCK])
+            check(pool.encode(texts[-1], session=key), texts[-1])
+            check(local.encode(texts[-1], session=key), texts[-1])
+            stages = _stages(pool.trace[: len(returned)], returned)
+            pool.trace = None
+            reps.append({k: summary(v) for k, v in lat.items()} | {"stages_ms": stages})
+        row = {"spacing_ms": spacing, "repeats": reps}
+        for who in ("pool", "in_process"):
+            for stat in ("median_ms", "p99_ms"):
+                xs = [r[who][stat] for r in reps]
+                row[f"{who}_{stat}"] = statistics.median(xs)
+                row[f"{who}_{stat}_spread"] = (min(xs), max(xs))
+        row["median_over_ms"] = row["pool_median_ms"] - row["in_process_median_ms"]
+        row["p99_over_ms"] = row["pool_p99_ms"] - row["in_process_p99_ms"]
+        rows.append(row)
+        st = reps[-1]["stages_ms"]
+        print(f"spacing {spacing:>5} ms | pool median {row['pool_median_ms']:.3f} "
+              f"({row['pool_median_ms_spread'][0]:.3f}-{row['pool_median_ms_spread'][1]:.3f}) "
+              f"P99 {row['pool_p99_ms']:.3f} ({row['pool_p99_ms_spread'][0]:.3f}-"
+              f"{row['pool_p99_ms_spread'][1]:.3f}) | in process median "
+              f"{row['in_process_median_ms']:.3f} ({row['in_process_median_ms_spread'][0]:.3f}-"
+              f"{row['in_process_median_ms_spread'][1]:.3f}) P99 {row['in_process_p99_ms']:.3f} "
+              f"| pool - in process: median {row['median_over_ms']:+.3f} P99 "
+              f"{row['p99_over_ms']:+.3f} ms", flush=True)
+        print("      stages (median ms, last repeat): " +
+              ", ".join(f"{k} {v:.3f}" for k, v in st.items()), flush=True)
+    return rows
+
+
+def _stages(trace, returned):
+    """Median ms of each stage of the traced pool requests (submit, sent, picked, answered,
+    harvested from the pool's trace; returned from the benchmark)."""
+    names = ["plan+send", "worker wake", "worker work", "caller wake", "view+return"]
+    cols: dict[str, list[float]] = {n: [] for n in names}
+    for rec, ret in zip(trace, returned):
+        if len(rec) != 6:  # (kind, submit, sent, picked, answered, harvested)
+            continue
+        t = [*rec[1:], ret]
+        for name, a, b in zip(names, t, t[1:]):
+            cols[name].append((b - a) * 1e3)
+    return {k: statistics.median(v) if v else float("nan") for k, v in cols.items()}
+
+
+# --- the old transfer comparison -----------------------------------------------------------
 
 
 def _pipe_worker(conn, path: str) -> None:
@@ -43,7 +144,7 @@ def _pipe_worker(conn, path: str) -> None:
 
 
 class PipePool:
-    """The baseline: one worker process, requests and IDs pickled through a Pipe."""
+    """One worker process, requests and IDs pickled through a Pipe."""
 
     def __init__(self, path: str) -> None:
         ctx = mp.get_context("spawn")
@@ -60,109 +161,64 @@ class PipePool:
         self.proc.join(10)
 
 
-def timed(fn, *a, **k):
-    t0 = time.perf_counter()
-    out = fn(*a, **k)
-    return time.perf_counter() - t0, out
+def transfer(tok, pool, path: str, src: str, size: int, calls: int) -> dict:
+    pipe = PipePool(path)
+    local = tok.with_knobs(threads=1)
+    for enc in (lambda t: pool.encode(t, session="tr"), lambda t: pipe.encode(t, "tr"),
+                lambda t: local.encode(t, session="tr")):
+        enc(src[:size])
+    texts = _append_stream(src, size + 10**6, calls)
+    lat = {"pool": [], "pipe": [], "in_process": []}
+    fns = {"pool": lambda t: pool.encode(t, session="tr"), "pipe": lambda t: pipe.encode(t, "tr"),
+           "in_process": lambda t: local.encode(t, session="tr")}
+    texts = _append_stream(src, size, calls)
+    for b in range(0, calls, BLOCK):
+        for who, fn in fns.items():
+            lat[who] += _run_block(fn, texts[b : b + BLOCK], [0.0] * BLOCK)
+    pipe.close()
+    s = {k: summary(v) for k, v in lat.items()}
+    base = s["in_process"]["median_ms"]
+    print(f"transfer, back to back, {size:,} chars: pool {s['pool']['median_ms']:.3f} ms, "
+          f"pickled pipe {s['pipe']['median_ms']:.3f} ms, in process {base:.3f} ms "
+          f"(overhead: pool {s['pool']['median_ms'] - base:+.3f}, pipe "
+          f"{s['pipe']['median_ms'] - base:+.3f})", flush=True)
+    return s
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokenizer", default="qwen3")
-    ap.add_argument("--sizes", type=int, nargs="*", default=[100_000, 1_000_000])
-    ap.add_argument("--calls", type=int, default=300)
-    ap.add_argument("--stateless-calls", type=int, default=40)
+    ap.add_argument("--size", type=int, default=1_000_000)
+    ap.add_argument("--spacings", type=float, nargs="*", default=[0, 1, 5, 20, 100])
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--transfer", action="store_true")
     args = ap.parse_args()
     info = machine()
     print(header(info))
+    print(f"# arrivals: Poisson (exponential gaps), one client; {args.requests} appends of 400 "
+          f"characters per spacing and repeat, session of {args.size:,} characters")
     path = str(SHARED / "tokenizers" / args.tokenizer)
     tok = dtok.Tokenizer.from_file(path, content_lookup=False)
-    src = corpus("prose", "gutenberg-2701_moby-dick.txt") * 2
-    pipe = PipePool(path)
-    rows = []
-    with dtok.Pool(tok, workers=2, name="bench", chunk_threshold=10**9) as pool:
-        for size in args.sizes:
-            local = tok.with_knobs()
-            base = src[:size]
-            for f in (lambda t: pool.encode(t, session=size), lambda t: pipe.encode(t, size),
-                      lambda t: local.encode(t, session=size)):
-                f(base)
-            t = {"pool": [], "pipe": [], "in_process": []}
-            calls = {"pool": lambda text: pool.encode(text, session=size),
-                     "pipe": lambda text: pipe.encode(text, size),
-                     "in_process": lambda text: local.encode(text, session=size)}
-            exact = True
-            step = {label: 0 for label in calls}
-            for block in range(0, args.calls, 50):
-                for label, fn in calls.items():
-                    for _ in range(min(50, args.calls - block)):
-                        step[label] += 1
-                        text = src[: size + step[label] * 400]
-                        dt, out = timed(fn, text)
-                        t[label].append(dt)
-                        if step[label] % 50 == 0:
-                            exact &= list(out) == tok.reference.encode(text).ids
-                        del out
-            rows.append(_row("keyed append", size, t, exact))
-            ts = {"pool": [], "pipe": [], "in_process": []}
-            stateless = tok.with_knobs(chunk_threshold=10**9)
-            for label, fn in (("pool", pool.encode), ("pipe", pipe.encode),
-                              ("in_process", stateless.encode)):
-                for i in range(args.stateless_calls):
-                    text = src[i * 997 : i * 997 + size]
-                    dt, out = timed(fn, text)
-                    ts[label].append(dt)
-                    del out
-            rows.append(_row("stateless", size, ts, True))
-        rows.append({"pool_stats": pool.stats()})
-    pipe.close()
-    path_json = write_json("pool.json", {"machine": info, "args": vars(args), "rows": rows})
+    src = "".join(corpus("prose", p.name) for p in sorted((SHARED / "corpus" / "prose").iterdir()))
+    while len(src) < args.size + (args.requests + 2) * 400 * 2:
+        src += src
+    bad = []
+
+    def check(view, text):
+        if list(view) != tok.reference.encode(text).ids:
+            bad.append(len(text))
+
+    with dtok.Pool(tok, workers=2, name="bench") as pool:
+        print(f"# pool: {pool.n_workers} workers, encoder {pool.encoder_name}, "
+              f"spin_us {pool.spin_us}, in process: {tok.encoder.name}")
+        rows = sweep(tok, pool, src, args.size, args.spacings, args.requests, args.repeats, check)
+        tr = transfer(tok, pool, path, src, args.size, 100) if args.transfer else None
+        stats = pool.stats()
+    print(f"exact: {'yes' if not bad else 'NO ' + str(bad)}")
+    path_json = write_json("pool.json", {"machine": info, "args": vars(args), "sweep": rows,
+                                         "transfer": tr, "pool_stats": stats, "exact": not bad})
     print("wrote", path_json)
-    _plot([r for r in rows if "kind" in r])
-
-
-def _row(kind: str, size: int, t: dict, exact: bool) -> dict:
-    s = {k: summary(v) for k, v in t.items()}
-    base = s["in_process"]["median_ms"]
-    row = {"kind": kind, "chars": size, "exact": exact, **s,
-           "overhead_pool_ms": s["pool"]["median_ms"] - base,
-           "overhead_pipe_ms": s["pipe"]["median_ms"] - base}
-    row["overhead_ratio"] = row["overhead_pipe_ms"] / max(row["overhead_pool_ms"], 1e-6)
-    print(f"{kind:13s} {size:>9,} chars: pool {s['pool']['median_ms']:.3f} ms (p99 "
-          f"{s['pool']['p99_ms']:.3f}), pipe {s['pipe']['median_ms']:.3f} ms (p99 "
-          f"{s['pipe']['p99_ms']:.3f}), in-process {base:.3f} ms | overhead pool "
-          f"{row['overhead_pool_ms']:.3f} ms, pipe {row['overhead_pipe_ms']:.3f} ms "
-          f"(x{row['overhead_ratio']:.1f}) exact={exact}", flush=True)
-    return row
-
-
-def _plot(rows: list[dict]) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot")
-        return
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, kind in zip(axes, ("keyed append", "stateless")):
-        sel = [r for r in rows if r["kind"] == kind]
-        labels = [f"{r['chars'] // 1000}K" for r in sel]
-        x = range(len(sel))
-        ax.bar([i - 0.2 for i in x], [r["overhead_pool_ms"] for r in sel], 0.4,
-               label="dtok pool (shared memory)")
-        ax.bar([i + 0.2 for i in x], [r["overhead_pipe_ms"] for r in sel], 0.4,
-               label="pickled-pipe pool")
-        ax.set_xticks(list(x), labels)
-        ax.set_yscale("log")
-        ax.set_ylabel("median call - in-process work (ms)")
-        ax.set_title(kind)
-        ax.legend()
-    fig.tight_layout()
-    out = RESULTS / "pool.png"
-    fig.savefig(out, dpi=120)
-    print("wrote", out)
 
 
 if __name__ == "__main__":

@@ -102,6 +102,9 @@ def documents(kind: str, size: int, count: int) -> list[str]:
         src = "".join(corpus("prose", p.name) for p in sorted((SHARED / "corpus" / "prose").iterdir()))
     elif kind == "multilingual":
         src = corpus("multilingual", "udhr_all-languages_concatenated.txt")
+    elif kind == "adversarial":  # NFD text, odd whitespace and line ends, invisible characters
+        src = "".join(corpus("adversarial", p.name)
+                      for p in sorted((SHARED / "corpus" / "adversarial").iterdir()))
     else:
         raise ValueError(kind)
     while len(src) < size * count:

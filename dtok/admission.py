@@ -9,7 +9,8 @@ battery for, whatever its vocabulary:
 * post-processor: none, ByteLevel (offsets only), or TemplateProcessing that adds a fixed prefix
   and/or suffix of special tokens (alone or in a Sequence), applied once to the whole text;
 * added tokens: no ``lstrip``, ``rstrip`` or ``single_word``; ``normalized=True`` only when the
-  normalizer leaves text unchanged (then matching before or after it is the same);
+  normalizer leaves text unchanged (then matching before or after it is the same), and no
+  ``normalized=True`` token may overlap a ``normalized=False`` one (see :func:`overlapping_pair`);
 * no truncation or padding, and the reference matches special tokens in text
   (``encode_special_tokens`` off).
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +46,24 @@ class Admission:
 
 @dataclass(frozen=True)
 class TokenizerFiles:
-    """The files behind one tokenizer: tokenizer.json (bytes) and its optional config (parsed)."""
+    """The files behind one tokenizer: tokenizer.json (bytes) and its optional config (parsed).
+
+    A loaded :class:`dtok.Tokenizer` keeps only :meth:`released` (no bytes, ~11 MB for Qwen3);
+    ``Tokenizer.tokenizer_json()`` serializes the loaded reference when the JSON is needed."""
 
     path: Path
     raw: bytes
     config: dict[str, Any] | None
     config_path: Path | None
+    sha256: str = ""  # of the file's bytes; computed from raw when not given
+
+    def __post_init__(self) -> None:
+        if not self.sha256:
+            object.__setattr__(self, "sha256", hashlib.sha256(self.raw).hexdigest())
+
+    def released(self) -> "TokenizerFiles":
+        """The same description without the file's bytes (path, config and SHA-256 kept)."""
+        return replace(self, raw=b"")
 
     def spec(self) -> dict[str, Any]:
         """tokenizer.json parsed, on each call: not kept, because a 150K-entry vocabulary and
@@ -152,10 +165,47 @@ def _prefix_suffix(templates: list[dict]) -> tuple[tuple[int, ...], tuple[int, .
     return tuple(prefix), tuple(suffix)
 
 
+def overlapping_pair(normalized: list[str], raw: list[str]) -> tuple[str, str] | None:
+    """A ``normalized=true`` token and a ``normalized=false`` token whose occurrences can overlap
+    in some text (one contains the other, or a suffix of one is a prefix of the other), or None.
+
+    The reference matches ``normalized=false`` tokens first, leftmost-longest, and
+    ``normalized=true`` ones only in the gaps left between them. When no occurrence of one kind
+    can overlap an occurrence of the other, the two passes select exactly what one
+    leftmost-longest pass over all of them selects (two occurrences that start at the same
+    position overlap), and that one pass is what dtok's cut rules model. Otherwise (e.g. special
+    ``zq`` and added ``zqa``) the passes disagree with one pass, so such files are not admitted.
+    """
+    from dtok_ext.specials import SpecialMatcher
+
+    normalized = [t for t in dict.fromkeys(normalized) if t]
+    raw = [t for t in dict.fromkeys(raw) if t]
+    if not normalized or not raw:
+        return None
+    for inner, outer in ((raw, normalized), (normalized, raw)):  # containment
+        matcher = SpecialMatcher(inner)
+        for text in outer:
+            found = matcher.find_all(text)
+            if found:
+                s, e = found[0]
+                return (text, text[s:e]) if outer is normalized else (text[s:e], text)
+    for left, right in ((normalized, raw), (raw, normalized)):  # a suffix of left = a prefix of right
+        prefixes: dict[str, str] = {}
+        for text in right:
+            for k in range(1, len(text)):
+                prefixes.setdefault(text[:k], text)
+        for text in left:
+            for k in range(1, len(text)):
+                other = prefixes.get(text[-k:])
+                if other is not None:
+                    return (text, other) if left is normalized else (other, text)
+    return None
+
+
 def admit(files: TokenizerFiles, spec: dict[str, Any], reference) -> Admission:
     """Decide admission for ``files`` (``spec``: its tokenizer.json parsed); ``reference`` is
     the loaded ``tokenizers.Tokenizer``."""
-    sha = hashlib.sha256(files.raw).hexdigest()
+    sha = files.sha256
     refused: list[str] = []
     notes: list[str] = []
 
@@ -200,11 +250,16 @@ def admit(files: TokenizerFiles, spec: dict[str, Any], reference) -> Admission:
             refused.append(f"{len(hit)} added token(s) with {flag} (e.g. {hit[0]!r})")
     normalized = [t.content for t in added if t.normalized]
     if normalized:
+        pair = overlapping_pair(normalized, [t.content for t in added if not t.normalized])
         if nfc:
             refused.append(f"{len(normalized)} added token(s) matched after NFC normalization")
+        elif pair is not None:
+            refused.append(f"normalized=true added token {pair[0]!r} overlaps normalized=false "
+                           f"{pair[1]!r} (the reference matches them in two passes)")
         else:
             notes.append(f"{len(normalized)} added token(s) with normalized=true under an "
-                         "identity normalizer (matched on raw text)")
+                         "identity normalizer (matched on raw text, none overlapping a "
+                         "normalized=false one)")
     notes.append(f"{len(added)} added tokens")
 
     if affixes is not None and not refused:

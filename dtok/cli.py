@@ -355,11 +355,13 @@ def cmd_guards(args) -> int:
 
     tok = _load(args.path, need_admitted=True, encoder="reference")
     try:
-        fast = FastEncoder(tok.files.raw.decode("utf-8"), tok.reference)
+        fast = FastEncoder(tok.tokenizer_json().decode("utf-8"), tok.reference)
     except FastEncoderError as exc:
         raise CliError(str(exc)) from None
-    table = guards.build(tok.reference, fast, tok.admission.sha256,
-                         progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+    a = tok.admission
+    table = guards.build(tok.reference, fast, a.sha256,
+                         progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True),
+                         nfc_family=a.family if a.nfc else None)
     print(f"{len(table.disagree)} disagreeing code points; guard table written to {table.source}")
     return 0
 

@@ -19,7 +19,8 @@ from typing import Protocol
 
 from dtok_ext.buffers import ids_from_list
 
-FASTOKENS_VERSION = "0.3.5"  # the version the guard tables and the verification were built for
+FASTOKENS_VERSION = "0.3.5"
+STRETCH_CHARS = 65536  # reference stretches up to this size in all avoid the rayon pool  # the version the guard tables and the verification were built for
 
 # fastokens reads these at construction: a whole-input cache and a segment cache are cross-call
 # state dtok does not need, so they are removed from the environment while it loads.
@@ -51,6 +52,17 @@ class ReferenceEncoder:
     def encode_many(self, texts: list[str]) -> list:
         return [ids_from_list(e.ids) for e in
                 self.reference.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def encode_stretches(self, texts: list[str]) -> list:
+        """:meth:`encode_many` for the short stretches the fast encoder may not take. Up to
+        STRETCH_CHARS characters in all, each is encoded by ``encode``, in the calling thread:
+        ``encode_batch_fast`` hands even one text to the reference's rayon pool, whose threads
+        then spin for work while the fast encoder runs (on two cores that took the fast
+        encoder's core). More than that: ``encode_batch_fast``, the pool does pay."""
+        if sum(map(len, texts)) > STRETCH_CHARS:
+            return self.encode_many(texts)
+        return [ids_from_list(self.reference.encode(t, add_special_tokens=False).ids)
+                for t in texts]
 
 
 class FastEncoderError(RuntimeError):

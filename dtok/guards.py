@@ -12,6 +12,36 @@ tokens, which both encoders match before anything else, so each probe is encoded
 inside one long text; a block whose flat ID arrays differ is compared probe by probe. The build
 also checks every vocabulary entry's text through both encoders (vocabulary, merges, pattern).
 
+**NFC (schema 2).** For a file whose normalizer is NFC, a piece of text NFC would change used to
+go to the reference in short stretches around each such spot. The build now also proves, by
+probing, that the fast encoder's own NFC gives the reference's result on every input made of
+non-guard characters; a table that records ``nfc.agrees`` lets such text go to the fast encoder
+whole (:func:`prove_nfc`). The argument, for an implementation of UAX #15 (full canonical
+decomposition, canonical ordering by combining class, canonical composition with blocking):
+the output is a function of three tables (decomposition mappings, combining classes,
+primary composites) and of the algorithm. Both encoders are made to normalize, and their results
+compared (the fast encoder's IDs decoded back to text, against the reference normalizer):
+
+* every code point alone and in eight contexts (the code-point probes above);
+* every ordered pair of NFC non-anchors (``x y``: the canonical-ordering relation of every two
+  non-starters, and every composition of two non-anchors); canonical ordering is a stable sort
+  fixed by that pairwise relation, so runs of any length order alike;
+* the full canonical decomposition ``d`` of every code point that has one (from the reference's
+  NFD and from Python's ``unicodedata``, used only to enumerate candidates), alone, followed and
+  preceded by a mark of every combining class, and with such a mark inserted at every position
+  (primary composites, composition exclusions, blocking), and the code point itself followed by
+  each such mark (its decomposition as seen through reordering);
+* every Hangul L+V, LV+T and L+V+T sequence.
+
+Compositions that neither source of candidates knows could only involve code points newer than
+both; those (assigned for the reference's regex engine, unassigned for ``unicodedata``) are
+listed as ``nfc.unprobed`` and become guard characters wherever the proof is used. Anchors
+(:func:`dtok.tables.nfc_anchor_mask`) are where the reference normalizer splits; nothing here
+changes the safe-cut predicate, only which encoder takes a stretch. The control
+(``tests/test_fast.py``) runs the same probes against a fastokens built from the file without
+its normalizer, which they must reject, and forces the proof onto that encoder, which the
+battery must catch.
+
 Guard tables are keyed by the file's SHA-256 and the ``tokenizers`` and ``fastokens`` versions;
 the four test files' tables ship in ``dtok/data/guards`` (built by ``tools/build_guards.py``),
 others are built on request (``encoder="fast"`` or ``dtok guards PATH``: minutes) into the cache.
@@ -20,15 +50,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from dtok import tables
 from dtok.encoders import FastEncoder, FastEncoderError
 
-SCHEMA = 1
+SCHEMA = 2
 CONTEXTS = ("a{c}b", " {c}", "{c}{c}", "1{c}", "{c}a", "'{c}", "A{c}b", " {c}a")
 BUNDLED_DIR = Path(__file__).parent / "data" / "guards"
 _BLOCK = 8192
@@ -42,6 +73,12 @@ class GuardTable:
     disagree: tuple[int, ...]  # code points where the probes found a difference
     checked: dict  # what the build compared
     source: str
+    nfc: dict = field(default_factory=dict)  # the NFC proof: agrees, probes, unprobed, failures
+
+    @property
+    def nfc_proven(self) -> bool:
+        """The probes showed the fast encoder normalizes (NFC) as the reference does."""
+        return bool(self.nfc.get("agrees"))
 
 
 def _file_name(sha256: str, fast_version: str) -> str:
@@ -58,39 +95,185 @@ def load(sha256: str, fast_version: str) -> GuardTable | None:
             if d.get("sha256") != sha256:
                 continue
             return GuardTable(d["sha256"], d["tokenizers"], d["fastokens"],
-                              tuple(d["disagree"]), d["checked"], str(path))
+                              tuple(d["disagree"]), d["checked"], str(path), d.get("nfc", {}))
     return None
 
 
 def build(reference, fast: FastEncoder, sha256: str, out_dir: Path | None = None,
-          progress: Callable[[str], None] | None = None) -> GuardTable:
-    """Probe every code point through both encoders and check the vocabulary; write the table."""
+          progress: Callable[[str], None] | None = None, nfc_family: str | None = None,
+          code_points_from: Path | None = None) -> GuardTable:
+    """Probe every code point through both encoders and check the vocabulary; for an NFC file
+    (``nfc_family``: its pre-tokenizer family, whose class table holds the NFC anchors) also
+    run the NFC proof; write the table. ``code_points_from``: an existing table (any schema) for
+    the same file and versions whose vocabulary and code-point results are reused."""
     say = progress or (lambda msg: None)
     t0 = time.time()
-    checked = {"vocab_strings": check_vocabulary(reference, fast)}
-    say(f"vocabulary: {checked['vocab_strings']} entries agree ({time.time() - t0:.0f} s)")
     disagree: dict[int, list[str]] = {}
-    sep = _separator(reference)
-    cps = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
-    for ctx in CONTEXTS:
-        for cp, _ in _probe_context(reference, fast, ctx, cps, sep):
-            disagree.setdefault(cp, []).append(ctx)
-        say(f"context {ctx!r}: {len(disagree)} code points disagree so far "
-            f"({time.time() - t0:.0f} s)")
-    checked.update(code_points=len(cps), contexts=list(CONTEXTS), seconds=round(time.time() - t0))
+    if code_points_from is not None:
+        old = json.loads(Path(code_points_from).read_text())
+        if (old["sha256"], old["tokenizers"], old["fastokens"]) != (
+                sha256, tables.tokenizers_version(), fast.version):
+            raise ValueError(f"{code_points_from} is for another file or other versions")
+        origin = old["checked"].get("reused_from", Path(code_points_from).name)
+        checked = dict(old["checked"], reused_from=origin)  # where the probes really ran
+        disagree = {int(k, 16): v for k, v in old.get("disagree_contexts", {}).items()}
+        disagree.update({c: disagree.get(c, ["?"]) for c in old["disagree"]})
+        say(f"code points and vocabulary reused from {code_points_from}")
+    else:
+        checked = {"vocab_strings": check_vocabulary(reference, fast)}
+        say(f"vocabulary: {checked['vocab_strings']} entries agree ({time.time() - t0:.0f} s)")
+        sep = _separator(reference)
+        cps = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+        for ctx in CONTEXTS:
+            for cp, _ in _probe_context(reference, fast, ctx, cps, sep):
+                disagree.setdefault(cp, []).append(ctx)
+            say(f"context {ctx!r}: {len(disagree)} code points disagree so far "
+                f"({time.time() - t0:.0f} s)")
+        checked.update(code_points=len(cps), contexts=list(CONTEXTS),
+                       seconds=round(time.time() - t0))
+    nfc: dict = {}
+    if nfc_family is not None:
+        guard_mask = _guard_mask(tables.load(nfc_family).table, disagree)
+        nfc = prove_nfc(reference, fast, tables.load(nfc_family).table, guard_mask, say)
     table = GuardTable(sha256, tables.tokenizers_version(), fast.version,
-                       tuple(sorted(disagree)), checked, "")
+                       tuple(sorted(disagree)), checked, "", nfc)
     out = out_dir or tables.cache_dir() / "guards"
     out.mkdir(parents=True, exist_ok=True)
     path = out / _file_name(sha256, fast.version)
     payload = {"sha256": sha256, "tokenizers": table.tokenizers, "fastokens": table.fastokens,
                "disagree": list(table.disagree),
                "disagree_contexts": {f"{c:04X}": v for c, v in sorted(disagree.items())},
-               "checked": checked}
+               "checked": checked, "nfc": nfc}
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=1))
+    text = json.dumps(payload, indent=1)
+    tmp.write_text(re.sub(r"\[\n\s+(\d+),\n\s+(\d+)\n\s+\]", r"[\1, \2]", text))  # runs on one line
     os.replace(tmp, path)
     return GuardTable(**{**table.__dict__, "source": str(path)})
+
+
+def _guard_mask(table: bytes, disagree) -> bytearray:
+    mask = bytearray(0x110000)
+    for cp in range(0x110000):
+        if table[cp] & tables.FAST_GUARD:
+            mask[cp] = 1
+    for cp in disagree:
+        mask[cp] = 1
+    return mask
+
+
+# --- the NFC proof ---------------------------------------------------------------------------
+
+_NFC_BLOCK = 1 << 20  # characters per probe block
+_HANGUL_L = [chr(c) for c in range(0x1100, 0x1113)]
+_HANGUL_V = [chr(c) for c in range(0x1161, 0x1176)]
+_HANGUL_T = [chr(c) for c in range(0x11A8, 0x11C3)]
+
+
+class _Pairs:
+    """Every ordered pair of the given characters, generated as it is read (13M for Qwen3)."""
+
+    def __init__(self, chars: list[str]) -> None:
+        self.chars = chars
+
+    def __len__(self) -> int:
+        return len(self.chars) ** 2
+
+    def __iter__(self):
+        return (x + y for x in self.chars for y in self.chars)
+
+
+def nfc_probe_sets(table: bytes, guard: bytearray, say=lambda msg: None) -> tuple[dict, list]:
+    """The NFC probe strings (see the module docstring) and the ``unprobed`` code points."""
+    import unicodedata
+
+    from tokenizers import normalizers
+
+    nfd = normalizers.NFD()
+    usable = [c for c in range(0x110000) if not guard[c]]
+    non_anchor = [chr(c) for c in usable if not table[c] & tables.NFC_ANCHOR]
+    # a mark of every combining class Python knows, plus starters that are marks or jamo
+    reps: dict[int, str] = {}
+    for ch in non_anchor:
+        reps.setdefault(unicodedata.combining(ch), ch)
+    reps = list(reps.values()) + ["\u093e", "\u0b3e", "\u1161", "\u11a8", "a"]
+    chars = [chr(c) for c in usable if c != 0x0A]
+    ref_nfd = nfd.normalize_str("\n".join(chars)).split("\n")
+    if len(ref_nfd) != len(chars):
+        raise RuntimeError("NFD probe separators were not preserved")
+    decomposed = {}
+    for ch, d in zip(chars, ref_nfd):
+        for cand in (d, unicodedata.normalize("NFD", ch)):
+            if cand != ch:
+                decomposed.setdefault(ch, set()).add(cand)
+    pairs = _Pairs(non_anchor)
+    comp = []
+    hangul_syllable = lambda ch: 0xAC00 <= ord(ch) <= 0xD7A3  # noqa: E731
+    for ch, ds in decomposed.items():
+        marks = reps[:6] if hangul_syllable(ch) else reps
+        comp.append(ch)
+        comp.extend(ch + r for r in marks)
+        for d in ds:
+            comp.append(d)
+            comp.extend(d + r for r in marks)
+            comp.extend(r + d for r in marks)
+            for i in range(1, len(d)):
+                comp.extend(d[:i] + r + d[i:] for r in marks)
+    hangul = [l + v for l in _HANGUL_L for v in _HANGUL_V]
+    hangul += [l + v + t for l in _HANGUL_L for v in _HANGUL_V for t in _HANGUL_T]
+    hangul += [chr(s) + t for s in range(0xAC00, 0xD7A4, 28) for t in _HANGUL_T]
+    unprobed = [c for c in usable
+                if c >= 0x80 and unicodedata.category(chr(c)) == "Cn"]
+    say(f"NFC probes: {len(pairs)} pairs of {len(non_anchor)} non-anchors, {len(comp)} "
+        f"decomposition probes of {len(decomposed)} code points, {len(hangul)} Hangul; "
+        f"{len(unprobed)} code points unknown to unicodedata {unicodedata.unidata_version}")
+    return {"pairs": pairs, "decompositions": comp, "hangul": hangul}, unprobed
+
+
+def nfc_disagreements(reference, encode, probes, normalize=None) -> list[str]:
+    """The probes whose NFC differs: ``encode`` (text -> IDs, e.g. the fast encoder) decoded
+    back to text by the reference, against the reference normalizer (or ``normalize``).
+    Probes are joined by LF, which NFC never changes and never joins with a neighbour."""
+    normalize = normalize or reference.normalizer.normalize_str
+    bad: list[str] = []
+    it = iter(probes)
+    while True:
+        block, size = [], 0
+        for p in it:
+            block.append(p)
+            size += len(p) + 1
+            if size >= _NFC_BLOCK:
+                break
+        if not block:
+            return bad
+        joined = "\n".join(block)
+        want = normalize(joined)
+        got = reference.decode(_ids(encode(joined)), skip_special_tokens=False)
+        if got != want:
+            w, g = want.split("\n"), got.split("\n")
+            if len(w) == len(g) == len(block):
+                bad += [p for p, a, b in zip(block, w, g) if a != b]
+            else:  # one by one
+                bad += [p for p in block if reference.decode(
+                    _ids(encode(p)), skip_special_tokens=False) != normalize(p)]
+
+
+def prove_nfc(reference, fast, table: bytes, guard: bytearray, say=lambda msg: None) -> dict:
+    """Run the NFC probes (module docstring) through ``fast`` and the reference."""
+    t0 = time.time()
+    sets, unprobed = nfc_probe_sets(table, guard, say)
+    failures: list[str] = []
+    counts = {}
+    for name, probes in sets.items():
+        bad = nfc_disagreements(reference, fast.encode, probes)
+        counts[name] = len(probes)
+        failures += bad
+        say(f"NFC {name}: {len(probes)} probes, {len(bad)} disagree ({time.time() - t0:.0f} s)")
+    import unicodedata
+
+    return {"agrees": not failures, "probes": counts, "failures": [
+                " ".join(f"{ord(c):04X}" for c in p) for p in failures[:50]],
+            "n_failures": len(failures), "unprobed": _ranges(unprobed),
+            "unicodedata": unicodedata.unidata_version, "seconds": round(time.time() - t0)}
 
 
 def _separator(reference) -> str | None:
@@ -137,11 +320,30 @@ def check_vocabulary(reference, fast: FastEncoder) -> int:
     return len(texts)
 
 
-def guarded_table(family_table: bytes, guard: GuardTable) -> bytes:
-    """The family's class table with this file's disagreeing code points added to the guard."""
-    if not guard.disagree:
+def guarded_table(family_table: bytes, guard: GuardTable, use_nfc_proof: bool = False) -> bytes:
+    """The family's class table with this file's disagreeing code points added to the guard
+    (and, where the NFC proof is used, the code points it could not probe)."""
+    extra = list(guard.disagree)
+    if use_nfc_proof:
+        extra += [c for a, b in guard.nfc.get("unprobed", []) for c in range(a, b + 1)]
+    if not extra:
         return family_table
     t = bytearray(family_table)
-    for cp in guard.disagree:
+    for cp in extra:
         t[cp] |= tables.FAST_GUARD
     return bytes(t)
+
+
+def _ranges(cps: list[int]) -> list[list[int]]:
+    """Sorted code points as inclusive [first, last] runs (the table stays small)."""
+    out: list[list[int]] = []
+    for c in cps:
+        if out and out[-1][1] == c - 1:
+            out[-1][1] = c
+        else:
+            out.append([c, c])
+    return out
+
+
+def _ids(buf) -> list[int]:
+    return memoryview(buf).cast("B").cast("i").tolist()

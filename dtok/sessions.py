@@ -1,56 +1,61 @@
-"""Session state: keep each transcript's text and IDs, re-encode only a short tail per append.
+"""Session state: keep each transcript's text, IDs and anchors; bring them to the next text by
+re-encoding only what changed (:mod:`dtok.repair` says why that is exact).
 
-Repair is a splice at a safe cut (``CutRules.repair_cut``): for ``new = old + append`` and the
-latest position ``b <= len(old)`` that is a safe cut of both ``old`` and ``new``,
+A keyed session serves every text sent with its key: the stored text equal → its IDs; the new
+text extends it → a *repair* (the IDs up to a cut near the old end are kept, the tail
+re-encoded); the new text edits it (a chat template dropped an earlier think block, an agent
+truncated an old tool output) → an *edit* (the common prefix and every long stretch of the old
+text that reappears are reused, the changed regions re-encoded); nothing reusable → a full
+encode. The IDs live in an :class:`~dtok_ext.buffers.IdBuffer` with the post-processor's prefix
+(e.g. BOS) in front and its suffix behind, so ``add_special_tokens=True/False`` are two views of
+one buffer. A continuation rewrites the buffer in place only while no view of it is alive and
+only its tail changes; otherwise it writes a new buffer, so views returned earlier never change.
+Every view is taken before anyone else can reach the entry that owns it.
 
-    ids(new) = ids(old)[: len(ids(old)) - len(enc(old[b:]))] + enc(new[b:])
-
-exact by the same argument as chunking, with two short encodes. The IDs live in an
-:class:`~dtok_ext.buffers.IdBuffer` with the post-processor's prefix (e.g. BOS) in front and its
-suffix behind, so ``add_special_tokens=True/False`` are two views of one buffer. A splice rewrites
-the tail in place only while no view of the buffer is alive; otherwise it writes a new buffer, so
-views returned earlier never change.
-
-Requests without a key use *content lookup*: the stored text that is the longest prefix of the
-request is found by keyed BLAKE2b digests of prefixes (at the text's end and at byte offsets
-doubling from 4,096, computed in one pass) and confirmed by comparing the texts before any reuse.
+Requests without a key use *content lookup*: keyed fingerprints of the 64 characters before
+each checkpoint (character offsets 4,096, 8,192, ... 65,536, then every 65,536, and each stored
+text's end) choose the stored text that shares the longest prefix with the request: the one
+whose end fingerprint matches (a whole prefix, the longest), else the most recently used of
+those matching the deepest checkpoint. Computing them reads ~64 characters per checkpoint, not
+the text, so a request that matches nothing stored costs microseconds. The choice is only a
+guess: the continuation then compares the texts themselves (the common prefix, the reused
+stretches) before anything is reused, so a fingerprint collision can waste work, never change
+IDs.
 """
 from __future__ import annotations
 
-import hashlib
+import itertools
 import os
 import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Hashable
+from typing import Any, Hashable, Protocol
 
-from dtok_ext.buffers import IdBuffer
+from dtok.repair import Anchors, Plan, PlanKnobs, execute, next_anchors, plan_text
+from dtok_ext.align import fingerprints
+from dtok_ext.buffers import IdBuffer, IdList
 
-if TYPE_CHECKING:
-    from dtok.tokenizer import Tokenizer
-
-LOOKUP_MIN_BYTES = 4096  # shorter texts cost less to encode than to look up
-_DIGEST_SIZE = 16
+LOOKUP_MIN_CHARS = 4096  # shorter texts cost less to encode than to look up
+LOOKUP_DENSE_UNTIL = 1 << 16  # checkpoints double up to here, then repeat at this spacing
 
 
-def plan_repair(tok: "Tokenizer", text: str, old_len: int, n_ids: int,
-                ends_with: Callable[[int, list], bool]) -> tuple[int, list] | None:
-    """The repair of an append, for in-process sessions and pool workers alike.
+class BodyEncoder(Protocol):
+    """What the store needs from a tokenizer (``Tokenizer.bodies``)."""
 
-    ``text[:old_len]`` is the stored text (or its tail), whose IDs are ``n_ids`` long without
-    the suffix; ``ends_with(keep, parts)`` says whether the stored IDs hold ``parts`` from
-    ``keep`` on. Returns (how many stored IDs to keep, the buffers of the new tail), or None
-    when there is no safe cut near the old end or the stored IDs do not end as expected."""
-    b = tok.rules.repair_cut(text, old_len, tok.knobs["scan_budget"][-1])
-    if b < 0:
-        return None
-    old_tail = tok._encode_body(text[b:old_len]) if b < old_len else []
-    keep = n_ids - sum(len(p) for p in old_tail)
-    # Defence in depth: the stored IDs must end with the re-encoded old tail.
-    if keep < len(tok.admission.prefix) or not ends_with(keep, old_tail):
-        return None
-    return keep, tok._encode_body(text[b:])
+    rules: Any  # dtok_ext.cuts.CutRules
+    prefix: tuple[int, ...]  # IDs the post-processor puts before the text
+    suffix: tuple[int, ...]  # ... and after it
+
+    def encode_texts(self, texts: list[str]) -> list[list]:
+        """Body IDs of each text, encoded independently (int32 buffers per text)."""
+
+    def encode_whole(self, text: str, headroom: int = 0) -> IdBuffer:
+        """prefix + IDs + suffix of one text by the stateless route; for input the reference
+        rejects, the reference's own exception."""
+
+    def chunk_cuts(self, text: str) -> list[int]:
+        """Where the stateless route cuts ``text`` into chunks (none for a short text)."""
 
 
 def _headroom(n: int) -> int:
@@ -58,54 +63,65 @@ def _headroom(n: int) -> int:
     return max(1024, n >> 4)
 
 
-def _checkpoints(n_bytes: int) -> list[int]:
-    """Byte offsets 4096, 8192, ... strictly below n_bytes."""
-    out, o = [], LOOKUP_MIN_BYTES
-    while o < n_bytes:
+def checkpoints(n: int) -> list[int]:
+    """Content-lookup checkpoints strictly below n characters: 4096, 8192, ... 65536, then every
+    65536 (dense enough that a text edited 30K characters before its end is still told apart
+    from others sharing a shorter prefix)."""
+    out, o = [], LOOKUP_MIN_CHARS
+    while o < n:
         out.append(o)
-        o <<= 1
+        o = o << 1 if o < LOOKUP_DENSE_UNTIL else o + LOOKUP_DENSE_UNTIL
     return out
 
 
 @dataclass(eq=False)
 class Entry:
-    """One stored transcript: its text, its IDs (prefix + body + suffix) and its lock."""
+    """One stored transcript: its text, IDs (prefix + body + suffix), anchors and lock."""
 
     key: Hashable | None
     text: str | None = None
     buf: IdBuffer | None = None
+    anchors: Anchors | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
-    nbytes: int = 0  # accounted bytes: text object + ID buffer capacity
+    nbytes: int = 0  # accounted bytes: text object + ID buffer capacity + anchors
     evicted: bool = False
-    end_key: tuple[int, bytes] | None = None  # content entries: (byte length, digest)
-    ckpt_keys: tuple[tuple[int, bytes], ...] = ()
+    used: int = 0  # store clock at last use (content lookup prefers the most recent)
+    unchanged: int = 0  # leading IDs (prefix included) the last request left as they were
+    lists: dict = field(default_factory=dict)  # add_special_tokens -> IdList (encode_list)
+    end_key: tuple[int, int] | None = None  # content entries: (length, fingerprint)
+    ckpt_keys: tuple[tuple[int, int], ...] = ()
 
 
 class SessionStore:
-    """Keyed sessions and the content-lookup index of one :class:`~dtok.Tokenizer`.
+    """Keyed sessions and the content-lookup index of one tokenizer.
 
     Bounded by ``max_sessions`` keyed entries, ``lookup_entries`` content entries (oldest
-    dropped first) and ``session_bytes`` of text and IDs in all (least recently used dropped
-    first). Eviction never disturbs a request in flight: it keeps its entry until it returns.
+    dropped first) and ``session_bytes`` of text, IDs and anchors in all (least recently used
+    dropped first). Eviction never disturbs a request in flight: it keeps its entry until it
+    returns.
     """
 
-    def __init__(self, tok: "Tokenizer", *, max_sessions: int, session_bytes: int,
-                 lookup_entries: int, content_lookup: bool) -> None:
-        self._tok = tok
+    def __init__(self, bodies: BodyEncoder, *, max_sessions: int, session_bytes: int,
+                 lookup_entries: int, content_lookup: bool, scan_budget: int,
+                 anchor_spacing: int, edit_budget: int) -> None:
+        self._bodies = bodies
         self.max_sessions = max_sessions
         self.session_bytes = session_bytes
         self.lookup_entries = lookup_entries
         self.content_lookup = content_lookup
+        self.plan_knobs = PlanKnobs(scan_budget, anchor_spacing, edit_budget)
         self._lock = threading.Lock()
         self._keyed: dict[Hashable, Entry] = {}
         self._lru: OrderedDict[Entry, None] = OrderedDict()  # all entries, oldest use first
         self._content: OrderedDict[Entry, None] = OrderedDict()  # content entries, oldest first
-        self._by_end: dict[tuple[int, bytes], Entry] = {}
-        self._by_ckpt: dict[tuple[int, bytes], set[Entry]] = {}
-        self._digest_key = os.urandom(16)  # keyed: clients cannot aim for collisions
+        self._by_end: dict[tuple[int, int], Entry] = {}
+        self._by_ckpt: dict[tuple[int, int], set[Entry]] = {}
+        self._fp_key = int.from_bytes(os.urandom(8), "little")  # clients cannot aim for collisions
+        self._clock = itertools.count(1)
         self._bytes = 0
-        self._counts = dict(hits=0, repairs=0, full_encodes=0, fallbacks=0, evictions=0,
-                            lookups=0, lookup_hits=0)
+        self._counts = dict(hits=0, repairs=0, edits=0, full_encodes=0, fallbacks=0,
+                            evictions=0, lookups=0, lookup_hits=0)
+        self._after_publish = None  # private test hook: called with each newly visible entry
 
     # --- public surface -------------------------------------------------------------------
 
@@ -133,17 +149,31 @@ class SessionStore:
                 self._remove(entry)
 
     def stats(self) -> dict[str, int]:
-        """Entries, bytes held, and what the requests did."""
+        """Entries, bytes held, and what the requests did: ``repairs`` (the text extended the
+        stored one), ``edits`` (IDs reused across a change that is not an append),
+        ``full_encodes``, ``fallbacks`` (a continuation that could not be proven: encoded
+        whole)."""
         with self._lock:
-            text_bytes = sum(sys.getsizeof(e.text) for e in self._lru if e.text is not None)
-            id_bytes = sum(e.buf.nbytes for e in self._lru if e.buf is not None)
+            live = [e for e in self._lru if e.text is not None]
             return {"entries": len(self._lru), "keyed": len(self._keyed),
-                    "content": len(self._content), "text_bytes": text_bytes,
-                    "id_bytes": id_bytes, **self._counts}
+                    "content": len(self._content),
+                    "text_bytes": sum(sys.getsizeof(e.text) for e in live),
+                    "id_bytes": sum(e.buf.nbytes for e in live if e.buf is not None),
+                    "anchor_bytes": sum(e.anchors.nbytes for e in live if e.anchors is not None),
+                    **self._counts}
+
+    def describe(self) -> dict[str, Any]:
+        k = self.plan_knobs
+        return {"max_sessions": self.max_sessions, "session_bytes": self.session_bytes,
+                "lookup_entries": self.lookup_entries, "content_lookup": self.content_lookup,
+                "anchor_spacing": k.spacing, "edit_budget": k.edit_budget}
 
     # --- requests -------------------------------------------------------------------------
 
-    def encode_keyed(self, text: str, key: Hashable, add_special_tokens: bool) -> memoryview:
+    def encode_keyed(self, text: str, key: Hashable, add_special_tokens: bool,
+                     as_list: bool = False) -> memoryview | list:
+        """The IDs of ``text`` continued from the session ``key`` (a view, or with ``as_list`` a
+        list kept up to date in O(changed IDs): :class:`~dtok_ext.buffers.IdList`)."""
         with self._lock:
             entry = self._keyed.get(key)
             if entry is None:
@@ -153,76 +183,140 @@ class SessionStore:
         with entry.lock:
             try:
                 self._serve(entry, text)
+                return self._result(entry, add_special_tokens, as_list)
             finally:
                 with self._lock:
                     self._account(entry)
-            return self._view(entry.buf, add_special_tokens)
 
-    def encode_lookup(self, text: str, raw: bytes, add_special_tokens: bool) -> memoryview:
-        """Content lookup for a text of at least LOOKUP_MIN_BYTES UTF-8 bytes (``raw``)."""
-        found, end_key, ckpt_keys = self._find(raw)
-        with self._lock:
-            self._counts["lookups"] += 1
+    def encode_lookup(self, text: str, add_special_tokens: bool,
+                      as_list: bool = False) -> memoryview | list:
+        """Content lookup for a text of at least LOOKUP_MIN_CHARS characters: continue from the
+        stored text sharing the longest prefix, which the result replaces when it reused most of
+        it."""
+        found, end_key, ckpt_keys = self._find(text)
+        self._count("lookups")
+        entry = Entry(None)
         if found is not None:
             with found.lock:
-                old = found.text
-                if old is not None and not found.evicted and text.startswith(old):
-                    with self._lock:
-                        self._counts["lookup_hits"] += 1
-                    if len(text) == len(old):
+                if found.text is not None and not found.evicted:
+                    if found.text == text:
                         with self._lock:
+                            self._counts["lookup_hits"] += 1
                             self._counts["hits"] += 1
                             if not found.evicted:
-                                self._lru.move_to_end(found)
-                        return self._view(found.buf, add_special_tokens)
-                    # Proper prefix: the extended text replaces the entry it extends.
-                    entry = Entry(None, old, found.buf)
-                    self._serve(entry, text)
-                    with self._lock:
-                        if not found.evicted:
-                            self._remove(found)
-                        self._insert_content(entry, end_key, ckpt_keys)
-                    return self._view(entry.buf, add_special_tokens)
-        entry = Entry(None)
+                                self._touch(found)
+                        found.unchanged = len(found.buf)
+                        return self._result(found, add_special_tokens, as_list)
+                    entry.text, entry.buf, entry.anchors = found.text, found.buf, found.anchors
+                    reused = self._serve(entry, text)
+                    # A continuation that reused most of the stored text replaces it; a fork that
+                    # shares only a shorter prefix (another conversation) is kept beside it.
+                    replace = 2 * reused >= len(found.text)
+                    if replace:
+                        entry.lists = found.lists
+                    result = self._result(entry, add_special_tokens, as_list)
+                    self._publish(entry, end_key, ckpt_keys, found, reused, replace)
+                    return result
         self._serve(entry, text)
-        with self._lock:
-            self._insert_content(entry, end_key, ckpt_keys)
-        return self._view(entry.buf, add_special_tokens)
+        result = self._result(entry, add_special_tokens, as_list)
+        self._publish(entry, end_key, ckpt_keys)
+        return result
+
+    def explain(self, text: str, key: Hashable | None) -> dict[str, Any]:
+        """What a request for ``text`` would do (with ``key``, or by content lookup), and why:
+        a continuation's route, seams and reused stretches; only a ``session`` note when the text
+        is encoded whole (by the stateless route, whose plan the caller explains). Changes no
+        state."""
+        if key is not None:
+            with self._lock:
+                entry = self._keyed.get(key)
+            source = "session"
+        else:
+            if not self.content_lookup or len(text) < LOOKUP_MIN_CHARS:
+                return {}
+            entry = self._find(text)[0]
+            source = "content lookup"
+        old = entry.text if entry is not None else None
+        if old is None:
+            return {} if key is None else {"session": f"no stored text for this {source}"}
+        plan = self._plan(old, entry.anchors, text)
+        if plan.kind == "encode":
+            return {"session": f"{source}: nothing of the stored text can be reused"}
+        route = {"hit": "session hit", "append": "session repair", "edit": "session edit"}[plan.kind]
+        why = {"hit": "same text as stored",
+               "append": "the new text extends the stored one",
+               "edit": f"the texts first differ at {plan.prefix_len} of {len(old)} stored "
+                       "characters; reusing the stretches found again"}[plan.kind]
+        desc = plan.describe()
+        return {"route": route, "why": f"{source}: {why}", "cuts": desc["seams"], **desc}
 
     # --- the work -------------------------------------------------------------------------
 
-    def _serve(self, entry: Entry, text: str) -> None:
-        """Bring the entry to `text`: reuse, repair, or encode whole. Caller holds its lock."""
-        old = entry.text
-        if old is not None and text.startswith(old):
-            if len(text) == len(old):
-                self._count("hits")
-                return
-            buf = self._repair(entry.buf, old, text)
-            if buf is not None:
-                entry.text, entry.buf = text, buf
-                self._count("repairs")
-                return
-            self._count("fallbacks")  # no safe cut near the end of the old text
-        else:
-            self._count("full_encodes")
-        entry.buf = self._tok._encode_buffer(text, headroom=_headroom(len(text) // 3))
-        entry.text = text
+    def _serve(self, entry: Entry, text: str) -> int:
+        """Bring the entry to `text` (caller holds its lock); returns how many characters of the
+        stored text were reused."""
+        plan = self._plan(entry.text, entry.anchors, text)
+        kind = {"hit": "hits", "append": "repairs", "edit": "edits",
+                "encode": "full_encodes"}[plan.kind]
+        reused = len(text) if plan.kind == "hit" else plan.describe()["reused_chars"]
+        entry.unchanged = len(entry.buf) if plan.kind == "hit" else 0
+        if plan.kind != "hit":
+            try:
+                self._apply(entry, plan, text)
+            except Exception:  # noqa: BLE001 - the stateless route decides (and raises)
+                # A continuation that failed (an encoder error, a failed check) is encoded whole
+                # by the stateless route: the reference's IDs, or the reference's exception.
+                if plan.kind != "encode":
+                    kind = "fallbacks"
+                reused = 0
+                entry.buf = self._bodies.encode_whole(text, _headroom(len(text) // 3))
+                n_body = len(entry.buf) - len(self._bodies.prefix) - len(self._bodies.suffix)
+                entry.anchors = Anchors((0, len(text)), (0, n_body)) if text else Anchors()
+                entry.text = text
+        self._count(kind)
+        return reused
 
-    def _repair(self, buf: IdBuffer, old: str, new: str) -> IdBuffer | None:
-        suffix = self._tok.admission.suffix
-        plan = plan_repair(self._tok, new, len(old), buf.length - len(suffix), buf.equals_at)
-        if plan is None:
-            return None
-        keep, new_tail = plan
-        total = keep + sum(len(p) for p in new_tail) + len(suffix)
-        return buf.splice(keep, new_tail, suffix, headroom=_headroom(total))
+    def _plan(self, old: str | None, anchors: Anchors | None, text: str) -> Plan:
+        return plan_text(self._bodies.rules, old, anchors, text, self.plan_knobs,
+                         self._bodies.chunk_cuts)
+
+    def _apply(self, entry: Entry, plan: Plan, text: str) -> None:
+        b = self._bodies
+        p, s = len(b.prefix), len(b.suffix)
+        old_body = entry.buf.view(p, len(entry.buf) - s) if entry.buf is not None else None
+        outcome = execute(plan, b.encode_texts, old_body)
+        anchors = next_anchors(plan, outcome, entry.anchors or Anchors(), b.rules.context,
+                               self.plan_knobs.spacing)
+        total = p + outcome.n_body + s
+        if entry.buf is None or plan.kind == "encode":
+            buf = IdBuffer.concat(outcome.tail, b.prefix, b.suffix, _headroom(total // 3))
+        else:
+            if plan.in_place:
+                old_body.release()  # only new IDs follow the kept ones: splice in place if no caller holds a view
+            # otherwise the tail holds slices of the old IDs, so the splice copies on write
+            buf = entry.buf.splice(p + outcome.keep, outcome.tail, b.suffix, _headroom(total))
+        outcome.tail.clear()
+        entry.buf, entry.text, entry.anchors = buf, text, anchors
+        entry.unchanged = 0 if plan.kind == "encode" else p + outcome.keep
+
+    def _result(self, entry: Entry, special: bool, as_list: bool) -> memoryview | list:
+        """The entry's IDs for the caller: a view, or its kept list (caller holds its lock)."""
+        view = self._view(entry.buf, special)
+        if not as_list:
+            return view
+        lst = entry.lists.get(special)
+        if lst is None:
+            lst = entry.lists[special] = IdList()
+        keep = entry.unchanged if special else max(0, entry.unchanged - len(self._bodies.prefix))
+        try:
+            return lst.update(view, keep)
+        finally:
+            view.release()
 
     def _view(self, buf: IdBuffer, add_special_tokens: bool) -> memoryview:
         if add_special_tokens:
             return buf.view()
-        a = self._tok.admission
-        return buf.view(len(a.prefix), buf.length - len(a.suffix))
+        return buf.view(len(self._bodies.prefix), len(buf) - len(self._bodies.suffix))
 
     def _count(self, name: str) -> None:
         with self._lock:
@@ -230,54 +324,60 @@ class SessionStore:
 
     # --- content index --------------------------------------------------------------------
 
-    def _find(self, raw: bytes) -> tuple[Entry | None, tuple[int, bytes],
-                                         tuple[tuple[int, bytes], ...]]:
-        """One pass of keyed BLAKE2b over `raw`: the longest stored text whose end digest
-        matches a prefix of `raw`, and `raw`'s own end and checkpoint keys (to store it).
+    def _find(self, text: str) -> tuple[Entry | None, tuple[int, int],
+                                        tuple[tuple[int, int], ...]]:
+        """The stored text that most likely shares the longest prefix with `text` (see the module
+        docstring), and `text`'s own end and checkpoint keys (to store it)."""
+        n = len(text)
+        stops = checkpoints(n)
+        fps = fingerprints(text, [*stops, n], self._fp_key)
+        ckpt_keys = tuple(zip(stops, fps))
+        deepest: list[Entry] = []
+        with self._lock:
+            best = self._by_end.get((n, fps[-1]))  # the same text, or one equal at its end
+            for key in ckpt_keys:
+                found = self._by_ckpt.get(key)
+                if not found:
+                    break
+                deepest = list(found)
+        if best is None and deepest:
+            # a stored text that is a whole prefix: its end fingerprint matches (the longest)
+            ends = sorted({e.end_key[0] for e in deepest if e.end_key[0] < n}, reverse=True)
+            for end, fp in zip(ends, fingerprints(text, ends, self._fp_key)):
+                best = next((e for e in deepest if e.end_key == (end, fp)), None)
+                if best is not None:
+                    break
+            if best is None:
+                best = max(deepest, key=lambda e: e.used)
+        return best, (n, fps[-1]), ckpt_keys
 
-        A stored text of L bytes is a candidate only if it matched at every checkpoint below L,
-        so only texts ending between the last matched checkpoint and the next one are hashed to
-        their own end (from a copy of the running hash)."""
-        h = hashlib.blake2b(digest_size=_DIGEST_SIZE, key=self._digest_key)
-        view = memoryview(raw)
-        n = len(raw)
-        ckpt_keys: list[tuple[int, bytes]] = []
-        best: Entry | None = None
-        alive: list[Entry] = []
-        pos = 0
-        digest = b""
-        for stop in _checkpoints(n) + [n]:
-            for e in sorted((e for e in alive if pos < e.end_key[0] < stop),
-                            key=lambda e: e.end_key[0]):
-                g = h.copy()
-                g.update(view[pos : e.end_key[0]])
-                if g.digest() == e.end_key[1]:
-                    best = e
-            h.update(view[pos:stop])
-            pos = stop
-            digest = h.digest()
-            with self._lock:
-                best = self._by_end.get((stop, digest), best)
-                if stop < n:
-                    alive = list(self._by_ckpt.get((stop, digest), ()))
-            if stop < n:
-                ckpt_keys.append((stop, digest))
-        return best, (n, digest), tuple(ckpt_keys)
-
-    def _insert_content(self, entry: Entry, end_key, ckpt_keys) -> None:
-        """Caller holds the store lock."""
-        old = self._by_end.get(end_key)
-        if old is not None:
-            self._remove(old)
-        entry.end_key, entry.ckpt_keys = end_key, ckpt_keys
-        self._by_end[end_key] = entry
-        for k in ckpt_keys:
-            self._by_ckpt.setdefault(k, set()).add(entry)
-        self._content[entry] = None
-        self._lru[entry] = None
-        self._account(entry)
+    def _publish(self, entry: Entry, end_key, ckpt_keys, found: Entry | None = None,
+                 reused: int = 0, replace: bool = False) -> None:
+        """Make a served content entry visible (its caller's view is already taken, so a
+        request that continues from it while the caller returns copies on write)."""
+        with self._lock:
+            if reused:
+                self._counts["lookup_hits"] += 1
+            if replace and not found.evicted:
+                self._remove(found)
+            old = self._by_end.get(end_key)
+            if old is not None:
+                self._remove(old)
+            entry.end_key, entry.ckpt_keys = end_key, ckpt_keys
+            self._by_end[end_key] = entry
+            for k in ckpt_keys:
+                self._by_ckpt.setdefault(k, set()).add(entry)
+            self._content[entry] = None
+            self._lru[entry] = None
+            self._account(entry)
+        if self._after_publish is not None:
+            self._after_publish(entry)
 
     # --- accounting and eviction (caller holds the store lock) ----------------------------
+
+    def _touch(self, entry: Entry) -> None:
+        entry.used = next(self._clock)
+        self._lru.move_to_end(entry)
 
     def _account(self, entry: Entry) -> None:
         if entry.evicted or entry not in self._lru:
@@ -285,10 +385,12 @@ class SessionStore:
         if entry.text is None:  # a keyed placeholder whose first request failed
             self._remove(entry)
             return
-        size = sys.getsizeof(entry.text) + (entry.buf.nbytes if entry.buf is not None else 0)
+        size = (sys.getsizeof(entry.text) + (entry.buf.nbytes if entry.buf is not None else 0)
+                + (entry.anchors.nbytes if entry.anchors is not None else 0)
+                + sum(lst.nbytes for lst in entry.lists.values()))
         self._bytes += size - entry.nbytes
         entry.nbytes = size
-        self._lru.move_to_end(entry)
+        self._touch(entry)
         self._evict()
 
     def _evict(self) -> None:
@@ -321,7 +423,3 @@ class SessionStore:
                     s.discard(entry)
                     if not s:
                         del self._by_ckpt[k]
-
-    def describe(self) -> dict[str, Any]:
-        return {"max_sessions": self.max_sessions, "session_bytes": self.session_bytes,
-                "lookup_entries": self.lookup_entries, "content_lookup": self.content_lookup}

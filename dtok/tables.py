@@ -10,7 +10,8 @@ where a probe found the fast encoder disagreeing with the reference.
 Tables depend on the installed ``tokenizers`` (its regex engine's and normalizer's Unicode data),
 so they are stored keyed by its version. A table built for another version is never used: the
 loader rebuilds it (about ten seconds) into the user cache, or refuses when ``DTOK_TABLES=strict``.
-``tools/build_tables.py`` builds the tables that ship inside the package.
+``tools/build_tables.py`` builds the tables that ship inside the package. numpy is imported only
+by the functions that build tables: loading one does not need it (17 MiB of RSS).
 """
 from __future__ import annotations
 
@@ -20,8 +21,6 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-
-import numpy as np
 
 from dtok.families import FAMILIES, Family
 
@@ -58,12 +57,14 @@ def cache_dir() -> Path:
 
 @lru_cache(maxsize=1)
 def _all_codepoints() -> tuple[np.ndarray, str]:
+    import numpy as np  # building tables only: a loaded tokenizer does not import it
     cps = np.concatenate([np.arange(0, 0xD800), np.arange(0xE000, N_CODEPOINTS)])
     return cps, "".join(map(chr, cps.tolist()))
 
 
 def probe_atom(regex: str) -> np.ndarray:
     """Boolean mask over all code points: does the reference regex engine match ``regex`` on it?"""
+    import numpy as np
     from tokenizers import Regex, pre_tokenizers
 
     cps, text = _all_codepoints()
@@ -85,6 +86,7 @@ def nfc_anchor_mask() -> np.ndarray:
     and Y, N(X + c + Y) == N(X) + N(c + Y). All probes go through the reference normalizer in one
     call, separated by LF (a starter that never composes or reorders); the piece count is checked.
     """
+    import numpy as np
     from tokenizers import normalizers
 
     nfc = normalizers.NFC()
@@ -120,6 +122,7 @@ def nfc_anchor_mask() -> np.ndarray:
 
 def class_names(family: Family, masks: dict[str, np.ndarray]) -> tuple[np.ndarray, list[str]]:
     """Per code point, the name of its class ("+"-joined atom labels, "O" for none)."""
+    import numpy as np
     sig = np.zeros(N_CODEPOINTS, dtype=np.int64)
     for i, (_label, regex) in enumerate(family.atoms):
         sig |= masks[regex].astype(np.int64) << i
@@ -140,6 +143,7 @@ def build_table(family: Family, classes: list[str], anchor: np.ndarray | None = 
     Returns the table and the names of classes found that ``classes`` does not list (their code
     points get BLOCK, so no cut is ever made next to them).
     """
+    import numpy as np
     masks = masks if masks is not None else {}
     for _label, regex in family.atoms:
         if regex not in masks:

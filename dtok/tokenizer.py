@@ -8,17 +8,18 @@ import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Hashable, Sequence
 
 from dtok import guards, tables
 from dtok.admission import Admission, TokenizerFiles, admit, bundled_files, read_files
 from dtok.encoders import FastEncoder, FastEncoderError, ReferenceEncoder, fastokens_version
-from dtok.sessions import LOOKUP_MIN_BYTES, SessionStore
+from dtok.sessions import LOOKUP_MIN_CHARS, SessionStore
 from dtok_ext.buffers import IdBuffer, ids_from_list
 from dtok_ext.cuts import CutRules
 from dtok_ext.specials import SpecialMatcher
 
-__all__ = ["Tokenizer", "KNOBS"]
+__all__ = ["Tokenizer", "Bodies", "KNOBS", "chunk_count", "chunk_cuts"]
 
 log = logging.getLogger("dtok")
 
@@ -29,13 +30,34 @@ KNOBS: dict[str, Any] = {
     "chunk_target": 65536,  # aimed-at chunk length
     "max_chunks": 16,
     "scan_budget": (48, 4096),  # backward scan for a safe cut: first stage, then up to the second
-    "content_lookup": True,  # unkeyed texts of 4096+ UTF-8 bytes reuse a stored prefix's IDs
+    "content_lookup": True,  # unkeyed texts of 4096+ characters reuse a stored text's IDs
     "max_sessions": 4096,  # keyed sessions kept
     "session_bytes": 128 << 20,  # text + IDs kept for sessions and content lookup (LRU)
     "lookup_entries": 1024,  # content-lookup entries kept (oldest dropped first)
+    "anchor_spacing": 2048,  # sessions record a cut with its token index about this often (chars)
+    "edit_budget": 1 << 22,  # characters of alignment work an edited session may spend
     "encoder": "auto",  # "auto" (fast where admitted and guarded), "fast", "reference"
 }
 ENCODERS = ("auto", "fast", "reference")
+# Reference stretches closer than this are sent as one (a piece costs a few microseconds in each
+# encoder; the reference takes ~0.5 us per character).
+COALESCE_GAP = 32
+# Below this many characters of work per thread, the chunks of a text are encoded in one call.
+PARALLEL_MIN_CHARS = 32768
+
+
+def chunk_count(n: int, chunk_target: int, max_chunks: int) -> int:
+    """How many chunks a text of n characters is cut into (the pool caps it further by its
+    live workers)."""
+    return min(math.ceil(n / chunk_target), max_chunks)
+
+
+def chunk_cuts(rules: CutRules, text: str, k: int, budgets) -> list[int]:
+    """Safe cuts for k chunks of text: no chunk shorter than max(16, min(1024, N / 4k))."""
+    n = len(text)
+    if k < 2 or n < 256:
+        return []
+    return rules.plan(text, k, max(16, min(1024, n // (4 * k))), budgets)
 
 
 def _release_free_heap() -> None:
@@ -63,7 +85,7 @@ def _validated(knobs: dict[str, Any]) -> dict[str, Any]:
         raise TypeError(f"unknown knob(s): {', '.join(sorted(unknown))}")
     k = {**KNOBS, **knobs}
     for name in ("chunk_threshold", "chunk_target", "max_chunks", "max_sessions",
-                 "session_bytes", "lookup_entries"):
+                 "session_bytes", "lookup_entries", "anchor_spacing", "edit_budget"):
         if type(k[name]) is not int or k[name] < 1:
             raise ValueError(f"{name} must be a positive int, got {k[name]!r}")
     if k["threads"] is not None and (type(k["threads"]) is not int or k["threads"] < 1):
@@ -103,7 +125,6 @@ class Tokenizer:
         self.knobs = _validated(knobs)
         from tokenizers import Tokenizer as _Reference
 
-        self.files = files
         try:
             self.reference = _Reference.from_buffer(files.raw)
         except Exception:
@@ -113,14 +134,19 @@ class Tokenizer:
         self.admission: Admission = admit(files, files.spec(), self.reference)
         self.rules: CutRules | None = None
         self._fast: FastEncoder | None = None
+        # The guard table proves the fast encoder's NFC equals the reference's (dtok.guards):
+        # text NFC would change then goes to the fast encoder like any other. A private hook:
+        # the control battery forces it on for an encoder the proof does not cover.
+        self._nfc_by_fast = False
         self.encoder_notes: list[str] = []
         if self.admission.admitted:
             t = tables.load(self.admission.family)
             table = t.table
             if self.knobs["encoder"] != "reference":
-                self._fast, guard = self._load_fast()
+                self._fast, guard = self._load_fast(files)
                 if guard is not None:
-                    table = guards.guarded_table(table, guard)
+                    self._nfc_by_fast = self.admission.nfc and guard.nfc_proven
+                    table = guards.guarded_table(table, guard, self._nfc_by_fast)
             self.rules = CutRules(
                 table, t.accept, SpecialMatcher(self.admission.added_tokens),
                 self.reference.normalizer.normalize_str if self.admission.nfc else None,
@@ -128,10 +154,12 @@ class Tokenizer:
         elif self.knobs["encoder"] == "fast":
             raise FastEncoderError("encoder='fast' needs an admitted file: "
                                    + "; ".join(self.admission.reasons))
+        self.files = files.released()  # the JSON bytes are not kept (see tokenizer_json)
         _release_free_heap()
         self._setup()
 
-    def _load_fast(self) -> tuple[FastEncoder | None, "guards.GuardTable | None"]:
+    def _load_fast(self, files: TokenizerFiles
+                   ) -> tuple[FastEncoder | None, "guards.GuardTable | None"]:
         """The fast encoder and its guard table, or (None, None) and a note saying why not."""
         strict = self.knobs["encoder"] == "fast"
         version = fastokens_version()
@@ -142,7 +170,8 @@ class Tokenizer:
                 "no guard table for this file and versions (build one: dtok guards PATH)")
             return None, None
         try:
-            fast = FastEncoder(self.files.raw.decode("utf-8"), self.reference)
+            fast = FastEncoder((files.raw or self.tokenizer_json()).decode("utf-8"),
+                               self.reference)
         except FastEncoderError as exc:
             if strict:
                 raise
@@ -150,11 +179,18 @@ class Tokenizer:
             return None, None
         if guard is None:
             log.warning("dtok: building the fast encoder's guard table for %s (minutes)",
-                        self.files.path)
-            guard = guards.build(self.reference, fast, self.admission.sha256,
-                                 progress=lambda msg: log.info("dtok guards: %s", msg))
+                        files.path)
+            a = self.admission
+            guard = guards.build(self.reference, fast, a.sha256,
+                                 progress=lambda msg: log.info("dtok guards: %s", msg),
+                                 nfc_family=a.family if a.nfc else None)
         self.encoder_notes.append(f"fastokens {fast.version}, guard table {guard.source} "
                                   f"({len(guard.disagree)} disagreeing code points + unassigned)")
+        if self.admission.nfc:
+            self.encoder_notes.append(
+                "NFC: proven to normalize as the reference (text NFC changes stays on fastokens)"
+                if guard.nfc_proven else
+                "NFC: not proven for this encoder; text NFC would change goes to the reference")
         return fast, guard
 
     def _setup(self) -> None:
@@ -166,10 +202,13 @@ class Tokenizer:
         self._pieces = {"fast": 0, "reference": 0}
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
+        self.bodies = Bodies(self)
         self.sessions = SessionStore(
-            self, max_sessions=self.knobs["max_sessions"], session_bytes=self.knobs["session_bytes"],
-            lookup_entries=self.knobs["lookup_entries"],
-            content_lookup=self.knobs["content_lookup"])
+            self.bodies, max_sessions=self.knobs["max_sessions"],
+            session_bytes=self.knobs["session_bytes"], lookup_entries=self.knobs["lookup_entries"],
+            content_lookup=self.knobs["content_lookup"],
+            scan_budget=self.knobs["scan_budget"][-1], anchor_spacing=self.knobs["anchor_spacing"],
+            edit_budget=self.knobs["edit_budget"])
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **knobs: Any) -> "Tokenizer":
@@ -189,14 +228,23 @@ class Tokenizer:
         merged = _validated({**self.knobs, **knobs})
         if merged["encoder"] != "reference" and self._fast is None and self.admission.admitted \
                 and self.knobs["encoder"] == "reference":
-            return Tokenizer(self.files, **merged)  # the fast encoder was never loaded
+            # the fast encoder was never loaded: load the file again from the reference's JSON
+            # (same SHA-256 of the original bytes, so the same guard table)
+            files = replace(self.files, raw=self.tokenizer_json())
+            return Tokenizer(files, **merged)
         clone = object.__new__(Tokenizer)
         clone.files, clone.reference, clone.admission = self.files, self.reference, self.admission
         clone.rules, clone._fast = self.rules, self._fast
+        clone._nfc_by_fast = self._nfc_by_fast
         clone.encoder_notes = list(self.encoder_notes)
         clone.knobs = merged
         clone._setup()
         return clone
+
+    def tokenizer_json(self) -> bytes:
+        """The loaded reference serialized as tokenizer.json (UTF-8 bytes). dtok does not keep
+        the file's own bytes; ``admission.sha256`` is still the SHA-256 of those."""
+        return self.reference.to_str().encode("utf-8")
 
     def close(self) -> None:
         """Stop the encoder threads (they are also stopped when the tokenizer is collected)."""
@@ -217,7 +265,7 @@ class Tokenizer:
         """IDs of ``text``, exactly as ``reference.encode(text, add_special_tokens=...).ids``.
 
         With ``session=key``, the text and IDs are kept: when the next text for the key extends
-        the stored one, only a short tail is re-encoded. Without a key, texts of 4096 UTF-8
+        the stored one, only a short tail is re-encoded. Without a key, texts of 4096 characters
         bytes or more are looked up by content (knob ``content_lookup``).
 
         >>> tok = Tokenizer.default()
@@ -229,21 +277,32 @@ class Tokenizer:
         >>> list(b)[: len(a)] == list(a), tok.sessions.stats()["repairs"]
         (True, 1)
         """
+        return self._encode(text, session, add_special_tokens, False)
+
+    def encode_list(self, text: str, *, session: Hashable | None = None,
+                    add_special_tokens: bool = True) -> list[int]:
+        """:meth:`encode` as a ``list[int]`` (what serving engines take). For a session (or a
+        content-lookup entry) the list is kept and updated for the changed IDs only, in place
+        when nobody else holds it; a list held elsewhere never changes.
+
+        >>> tok = Tokenizer.default()
+        >>> tok.encode_list("Hello, world!")
+        [9707, 11, 1879, 0]
+        """
+        return self._encode(text, session, add_special_tokens, True)
+
+    def _encode(self, text, session, add_special_tokens, as_list):
         if type(text) is not str or type(add_special_tokens) is not bool or self.rules is None:
-            return memoryview(self._whole(text, add_special_tokens))
+            view = memoryview(self._whole(text, add_special_tokens))
+            return view.tolist() if as_list else view
         if session is not None:
-            return self.sessions.encode_keyed(text, session, add_special_tokens)
-        if self.sessions.content_lookup and len(text) * 4 >= LOOKUP_MIN_BYTES:
-            try:
-                raw = text.encode("utf-8")
-            except UnicodeEncodeError:
-                raw = b""  # lone surrogates: the stateless route raises what the reference raises
-            if len(raw) >= LOOKUP_MIN_BYTES:
-                return self.sessions.encode_lookup(text, raw, add_special_tokens)
+            return self.sessions.encode_keyed(text, session, add_special_tokens, as_list)
+        if self.sessions.content_lookup and len(text) >= LOOKUP_MIN_CHARS:
+            return self.sessions.encode_lookup(text, add_special_tokens, as_list)
         buf = self._encode_buffer(text)
-        if add_special_tokens:
-            return buf.view()
-        return buf.view(len(self.admission.prefix), buf.length - len(self.admission.suffix))
+        view = buf.view() if add_special_tokens else \
+            buf.view(len(self.admission.prefix), buf.length - len(self.admission.suffix))
+        return view.tolist() if as_list else view
 
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True
                      ) -> list[memoryview]:
@@ -299,8 +358,10 @@ class Tokenizer:
 
     def _encode_pieces(self, pieces: list[str], batch: bool = False) -> list[list]:
         """Encode independent pieces (chunks of one text, or a batch of short texts): for each
-        piece, the list of its buffers. With the fast encoder, stretches that must go to the
-        reference are encoded on the thread pool while the fast encoder runs in this thread."""
+        piece, the list of its buffers. With the fast encoder, the stretches that must go to
+        the reference are sent in at most ``threads`` calls, and the rest in at most ``threads``
+        fast-encoder calls; the calls run on the thread pool and in this thread at once (both
+        encoders release the GIL)."""
         if not pieces:
             return []
         if self.encoder is self.ref_encoder:
@@ -315,24 +376,42 @@ class Tokenizer:
                 (fast if why is None else slow).append((len(owner), piece[a:b]))
                 owner.append(i)
         self._count(fast=len(fast), reference=len(slow))
+        calls = [(self.encoder.encode_many, g) for g in self._groups(fast)]
+        calls += [(self.ref_encoder.encode_stretches, g) for g in self._groups(slow, batch)]
         results: list = [None] * len(owner)
-        pending = {}
-        if slow:
-            if not batch and self.threads > 1 and (fast or len(slow) > 1):
-                pool = self._pool()
-                pending = {j: pool.submit(self.ref_encoder.encode, t) for j, t in slow}
-            else:  # one call for all of them
-                for (j, _), ids in zip(slow, self.ref_encoder.encode_many([t for _, t in slow])):
-                    results[j] = ids
-        if fast:
-            for (j, _), ids in zip(fast, self.encoder.encode_many([t for _, t in fast])):
+        pending = []
+        if len(calls) > 1:
+            pool = self._pool()
+            pending = [(g, pool.submit(fn, [t for _, t in g])) for fn, g in calls[1:]]
+            calls = calls[:1]
+        for fn, g in calls:
+            for (j, _), ids in zip(g, fn([t for _, t in g])):
                 results[j] = ids
-        for j, fut in pending.items():
-            results[j] = fut.result()
+        for g, fut in pending:
+            for (j, _), ids in zip(g, fut.result()):
+                results[j] = ids
         out: list[list] = [[] for _ in pieces]
         for j, i in enumerate(owner):
             out[i].append(results[j])
         return out
+
+    def _groups(self, items: list, one: bool = False) -> list[list]:
+        """Split (slot, text) items into at most ``threads`` groups of about equal length, one
+        encoder call each; short work stays in one group (a thread hand-off costs more)."""
+        if not items:
+            return []
+        total = sum(len(t) for _, t in items)
+        n = 1 if one else min(self.threads, len(items), max(1, total // PARALLEL_MIN_CHARS))
+        if n == 1:
+            return [items]
+        groups: list[list] = [[] for _ in range(n)]
+        share, size, g = total / n, 0, 0
+        for item in items:  # contiguous runs keep each group's text in order
+            if size >= share * (g + 1) and g < n - 1:
+                g += 1
+            groups[g].append(item)
+            size += len(item[1])
+        return [grp for grp in groups if grp]
 
     def _count(self, fast: int = 0, reference: int = 0) -> None:
         with self._executor_lock:
@@ -342,21 +421,29 @@ class Tokenizer:
     def _segments(self, piece: str) -> list[tuple[int, int, str | None]]:
         """[(start, end, why)] covering the piece: why is None for stretches the fast encoder
         may take, else why the stretch goes to the reference. Stretches start and end at safe
-        cuts, so their IDs concatenate to the piece's."""
-        kind, _ = self.rules.route(piece)
+        cuts, so their IDs concatenate to the piece's; stretches closer than COALESCE_GAP
+        characters are merged (one piece for the reference instead of three)."""
+        check_nfc = self.rules.nfc and not self._nfc_by_fast
+        kind, _ = self.rules.route(piece, nfc=check_nfc)
         if kind == 0:
             return [(0, len(piece), None)]
         spans = [(a, b, f"guard character U+{ord(piece[a]):04X} at {a}")
                  for a, b in self.rules.guard_spans(piece)]
-        if self.rules.nfc:
+        if check_nfc:
             spans += [(a, c, f"not NFC at {a}") for a, c in self._unstable(piece)]
         if not spans:
             return [(0, len(piece), None)]
         spans.sort()
         stretches = self.rules.isolate(piece, [(a, b) for a, b, _ in spans],
                                        self.knobs["scan_budget"][-1])
-        out, pos, k = [], 0, 0
+        merged: list[list[int]] = []
         for a, b in stretches:
+            if merged and a - merged[-1][1] < COALESCE_GAP:
+                merged[-1][1] = b
+            else:
+                merged.append([a, b])
+        out, pos, k = [], 0, 0
+        for a, b in merged:
             if a > pos:
                 out.append((pos, a, None))
             while k + 1 < len(spans) and spans[k][1] <= a:
@@ -402,15 +489,10 @@ class Tokenizer:
         return IdBuffer.concat(parts, a.prefix, a.suffix, headroom)
 
     def _chunk_count(self, n: int) -> int:
-        return min(math.ceil(n / self.knobs["chunk_target"]), self.knobs["max_chunks"])
+        return chunk_count(n, self.knobs["chunk_target"], self.knobs["max_chunks"])
 
     def _plan(self, text: str) -> list[int]:
-        n = len(text)
-        k = self._chunk_count(n)
-        if k < 2 or n < 256:
-            return []
-        min_chunk = max(16, min(1024, n // (4 * k)))
-        return self.rules.plan(text, k, min_chunk, self.knobs["scan_budget"])
+        return chunk_cuts(self.rules, text, self._chunk_count(len(text)), self.knobs["scan_budget"])
 
     def _map(self, fn, items: list) -> list:
         if self.threads == 1 or len(items) == 1:
@@ -446,20 +528,11 @@ class Tokenizer:
         if self.rules is None:
             return {**info, "route": "reference",
                     "why": "not admitted: " + "; ".join(self.admission.reasons)}
-        if session is not None:
-            entry = self.sessions._keyed.get(session)
-            old = entry.text if entry is not None else None
-            if old is not None and text.startswith(old):
-                if len(text) == len(old):
-                    return {**info, "route": "session hit", "why": "same text as stored"}
-                b = self.rules.repair_cut(text, len(old), self.knobs["scan_budget"][-1])
-                if b >= 0:
-                    return {**info, "route": "session repair", "cuts": [b],
-                            "why": f"splice at {b}: re-encode {len(old) - b} old and "
-                                   f"{len(text) - b} new characters"}
-                info["session"] = "no safe cut near the end of the stored text: encode whole"
-            else:
-                info["session"] = "new session or the stored text is not a prefix: encode whole"
+        if session is not None or self.sessions.content_lookup:
+            found = self.sessions.explain(text, session)  # a continuation, or only a note
+            if "route" in found:
+                return {**info, **found}
+            info.update(found)
         n = len(text)
         if n < self.knobs["chunk_threshold"]:
             return {**info, "route": "whole", "chunk_routes": self._routes_of([text]),
@@ -510,3 +583,29 @@ class Tokenizer:
         a = self.admission
         state = f"family={a.family}" if a.admitted else "not admitted"
         return f"<dtok.Tokenizer {self.files.path} {state} encoder={self.encoder.name}>"
+
+
+class Bodies:
+    """The encoder of bodies that sessions and pool workers use (:class:`dtok.sessions.
+    BodyEncoder`): the tokenizer's cut rules, its post-processing affixes, independent encodes
+    of texts, and the whole-text route."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self._tok = tok
+        self.rules = tok.rules
+        self.prefix = tok.admission.prefix
+        self.suffix = tok.admission.suffix
+
+    def encode_texts(self, texts: list[str]) -> list[list]:
+        """Body IDs (no post-processing) of each text, encoded independently."""
+        return self._tok._encode_pieces(texts)
+
+    def encode_whole(self, text: str, headroom: int = 0) -> IdBuffer:
+        """prefix + IDs + suffix by the stateless route (the reference's exception for input it
+        rejects)."""
+        return self._tok._encode_buffer(text, headroom)
+
+    def chunk_cuts(self, text: str) -> list[int]:
+        """Where the stateless route cuts ``text`` (none below ``chunk_threshold``)."""
+        tok = self._tok
+        return tok._plan(text) if len(text) >= tok.knobs["chunk_threshold"] else []

@@ -106,20 +106,6 @@ cdef class IdBuffer:
         out.length = keep + _fill(out.data + keep, parts, (), tuple(suffix))
         return out
 
-    def equals_at(self, Py_ssize_t pos, parts):
-        """self[pos:pos+n] equals the concatenated int32 parts (n their total length)."""
-        cdef const int[::1] view
-        cdef Py_ssize_t n
-        for p in parts:
-            view = p
-            n = view.shape[0]
-            if pos + n > self.length:
-                return False
-            if n and memcmp(self.data + pos, &view[0], n * sizeof(int)) != 0:
-                return False
-            pos += n
-        return True
-
     def view(self, Py_ssize_t start=0, stop=None):
         """Read-only memoryview of self[start:stop]."""
         cdef Py_ssize_t end = self.length if stop is None else stop
@@ -193,3 +179,92 @@ def concat_ids(parts, prefix=(), suffix=()):
 def ids_from_list(list ids):
     """IdBuffer from a list of ints (the reference's Encoding.ids)."""
     return IdBuffer.concat((ids,))
+
+
+def equal_ids(buffer, Py_ssize_t pos, parts):
+    """buffer (int32) holds the concatenated int32 parts from index pos on."""
+    cdef const int[::1] data = buffer
+    cdef const int[::1] view
+    cdef Py_ssize_t n
+    if pos < 0:
+        return False
+    for p in parts:
+        view = p
+        n = view.shape[0]
+        if pos + n > data.shape[0]:
+            return False
+        if n and memcmp(&data[pos], &view[0], n * sizeof(int)) != 0:
+            return False
+        pos += n
+    return True
+
+
+cdef extern from "Python.h":
+    ctypedef struct PyListObject:
+        PyObject** ob_item
+    ctypedef struct PyObject:
+        Py_ssize_t ob_refcnt
+
+
+cdef class IdList:
+    """A session's IDs as a Python list (what serving engines take), kept up to date in
+    O(changed IDs) instead of O(all IDs).
+
+    ``update(ids, keep)`` returns a list equal to ``ids`` (an int32 buffer); ``keep`` says how
+    many leading IDs did not change since the last update. The list handed out last time is
+    updated in place when nobody else holds it any more (its reference count) and its first
+    ``keep`` items are still the ones handed out (a pointer comparison with a private copy, at
+    memory speed: a holder that changed it and let go is caught); otherwise a new list is made
+    from the private copy. A list held elsewhere never changes.
+
+    >>> from array import array
+    >>> il = IdList()
+    >>> a = il.update(memoryview(array("i", [1, 2, 3])), 0)
+    >>> b = il.update(memoryview(array("i", [1, 2, 4, 5])), 2)   # `a` is still held: a new list
+    >>> a == [1, 2, 3], b == [1, 2, 4, 5], a is b
+    (True, True, False)
+    >>> del a, b
+    >>> c = il.update(memoryview(array("i", [1, 2, 4, 5, 6])), 4)
+    >>> c == [1, 2, 4, 5, 6], il.in_place
+    (True, 1)
+    """
+
+    cdef list truth  # private: never handed out
+    cdef object out  # the list handed out last
+    cdef readonly Py_ssize_t in_place  # updates done in place (for tests and stats)
+
+    def __cinit__(self):
+        self.truth = []
+        self.out = None
+        self.in_place = 0
+
+    @property
+    def nbytes(self):
+        """Bytes held: the two lists' item arrays and the int objects (28-32 bytes each)."""
+        n = len(self.truth)
+        return n * (8 + 32) + (n * 8 if self.out is not None else 0)
+
+    def update(self, ids, Py_ssize_t keep):
+        cdef const int[::1] view = ids
+        cdef Py_ssize_t n = view.shape[0], n_prev = len(self.truth), j
+        cdef list truth = self.truth
+        cdef list out
+        if keep > n_prev:
+            keep = n_prev
+        if keep > n:
+            keep = n
+        del truth[keep:]
+        truth.extend([view[j] for j in range(keep, n)])
+        out = self.out
+        self.out = None
+        # only `out` (the local) refers to the list now, if nobody else holds it
+        if (out is not None and (<PyObject*>out).ob_refcnt == 1 and len(out) == n_prev
+                and memcmp((<PyListObject*>out).ob_item, (<PyListObject*>truth).ob_item,
+                           keep * sizeof(PyObject*)) == 0):
+            del out[keep:]
+            out.extend(truth[keep:])
+            self.in_place += 1
+        else:
+            out = list(truth)
+        self.out = out
+        return out

@@ -23,6 +23,7 @@ cdef class CutRules:
     cdef object _normalize
     cdef public bint _check_nfc         # private test hooks: the control battery switches these off
     cdef public bint _check_specials
+    cdef public bint _check_new_text    # continuations: a seam must be a cut of the new text too
 
     cdef int verdict(self, const UText* t, Py_ssize_t b, Py_ssize_t limit) noexcept nogil
     cdef int nfc_ok(self, str text, const UText* t, Py_ssize_t b, Py_ssize_t limit) except -1
@@ -31,3 +32,4 @@ cdef class CutRules:
                               Py_ssize_t limit) except -2
     cdef Py_ssize_t scan_forward(self, str text, Py_ssize_t start, Py_ssize_t stop,
                                  Py_ssize_t limit) except -2
+    cdef bint cut_or_end(self, str text, const UText* t, Py_ssize_t b) except -1

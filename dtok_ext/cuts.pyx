@@ -17,10 +17,11 @@ The argument for each family's transition set is in :mod:`dtok.families`.
 from cpython cimport array
 import array
 
-from dtok_ext.unicode_text cimport UText, uread, utext_of
+from dtok_ext.unicode_text cimport Py_UCS1, Py_UCS2, UText, uread, utext_of
 from dtok_ext.specials cimport SpecialMatcher
 
 cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object u)
     object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
     void PyUnicode_WRITE(int kind, void* data, Py_ssize_t index, Py_UCS4 value)
 
@@ -28,6 +29,115 @@ cdef Py_UCS4 SEPARATOR = 0xFDD0
 
 cdef enum:
     NFC_WINDOW = 256  # code points searched on each side of a cut for an NFC anchor
+
+
+
+ctypedef fused _unit:  # one PEP 393 width
+    Py_UCS1
+    Py_UCS2
+    Py_UCS4
+
+
+cdef enum:
+    SCAN_BLOCK = 256  # characters checked at once against the clean prefix of the code space
+
+
+ctypedef struct _Clean:
+    unsigned int below  # every code point below this is clean
+    unsigned int lo, hi  # and every one in [lo, hi): the run around U+2019 (quotes, dashes)
+
+
+cdef extern from *:
+    """
+    /* Does any of p[0..n) lie outside the clean ranges (>= below and outside [lo, lo+width))?
+       Plain C in the string's own width, so that the compiler vectorizes it (no early exit,
+       one OR-reduction; 16 one-byte or 8 two-byte characters per SSE2 instruction). */
+    #define DTOK_OUTSIDE(NAME, T, MAXV)                                                    \
+        static inline int NAME(const T* p, Py_ssize_t n, unsigned int below,               \
+                               unsigned int lo, unsigned int width) {                      \
+            if (below > MAXV) return 0;                                                    \
+            if (lo > MAXV) { lo = 0; width = 0; }                                          \
+            else if ((unsigned long long)lo + width > (unsigned long long)MAXV + 1)        \
+                width = (unsigned int)((unsigned long long)MAXV + 1 - lo);                 \
+            T b = (T)below, l = (T)lo, w = (T)width, acc = 0;                              \
+            for (Py_ssize_t j = 0; j < n; j++) {                                           \
+                T ch = p[j];                                                               \
+                acc |= (T)((ch >= b) & ((T)(ch - l) >= w));                                \
+            }                                                                              \
+            return acc != 0;                                                               \
+        }
+    DTOK_OUTSIDE(dtok_outside_1, Py_UCS1, 0xFFu)
+    DTOK_OUTSIDE(dtok_outside_2, Py_UCS2, 0xFFFFu)
+    DTOK_OUTSIDE(dtok_outside_4, Py_UCS4, 0xFFFFFFFFu)
+    """
+    bint dtok_outside_1(const Py_UCS1* p, Py_ssize_t n, unsigned int below, unsigned int lo,
+                        unsigned int width) noexcept nogil
+    bint dtok_outside_2(const Py_UCS2* p, Py_ssize_t n, unsigned int below, unsigned int lo,
+                        unsigned int width) noexcept nogil
+    bint dtok_outside_4(const Py_UCS4* p, Py_ssize_t n, unsigned int below, unsigned int lo,
+                        unsigned int width) noexcept nogil
+
+
+cdef inline Py_ssize_t _scan(const unsigned char* table, const _unit* p, Py_ssize_t start,
+                             Py_ssize_t stop, unsigned char need, const _Clean* clean
+                             ) noexcept nogil:
+    # A block whose characters all lie in the clean ranges is passed at vector speed; only
+    # other blocks read the table.
+    cdef Py_ssize_t i = start, j, end
+    cdef bint outside
+    cdef unsigned int below = clean.below, lo = clean.lo, width = clean.hi - clean.lo
+    cdef unsigned char c
+    while i < stop:
+        end = i + SCAN_BLOCK
+        if end > stop:
+            end = stop
+        if _unit is Py_UCS1:
+            outside = dtok_outside_1(p + i, end - i, below, lo, width)
+        elif _unit is Py_UCS2:
+            outside = dtok_outside_2(p + i, end - i, below, lo, width)
+        else:
+            outside = dtok_outside_4(p + i, end - i, below, lo, width)
+        if outside:
+            for j in range(i, end):
+                c = table[p[j]]
+                if (c & FAST_GUARD) or (c & need) != need:
+                    return j
+        i = end
+    return -1
+
+
+cdef inline bint _is_clean(const unsigned char* table, unsigned int c, unsigned char need
+                           ) noexcept nogil:
+    return not (table[c] & FAST_GUARD) and (table[c] & need) == need
+
+
+cdef _Clean _clean_ranges(const unsigned char* table, unsigned char need) noexcept nogil:
+    """Where every code point is clean (not a guard character; with ``need``, an anchor):
+    a prefix of the code space, and the run around the General Punctuation block that prose
+    uses (curly quotes, dashes), so that such text is checked at vector speed."""
+    cdef _Clean r
+    r.below = 0
+    while r.below < 0x110000 and _is_clean(table, r.below, need):
+        r.below += 1
+    r.lo = r.hi = 0x2019
+    if _is_clean(table, 0x2019, need):
+        while r.lo > 0 and _is_clean(table, r.lo - 1, need):
+            r.lo -= 1
+        while r.hi < 0x110000 and _is_clean(table, r.hi, need):
+            r.hi += 1
+    return r
+
+
+cdef Py_ssize_t _first_flagged(const unsigned char* table, const UText* t, Py_ssize_t start,
+                               Py_ssize_t stop, unsigned char need) noexcept nogil:
+    """First i in [start, stop) whose character is a guard character, or lacks a flag of
+    ``need`` (NFC_ANCHOR or 0); -1 if none. One loop per string width."""
+    cdef _Clean clean = _clean_ranges(table, need)
+    if t.kind == 1:
+        return _scan(table, <const Py_UCS1*>t.data, start, stop, need, &clean)
+    if t.kind == 2:
+        return _scan(table, <const Py_UCS2*>t.data, start, stop, need, &clean)
+    return _scan(table, <const Py_UCS4*>t.data, start, stop, need, &clean)
 
 
 cdef class CutRules:
@@ -48,6 +158,7 @@ cdef class CutRules:
         self._normalize = normalize
         self._check_nfc = True
         self._check_specials = True
+        self._check_new_text = True
 
     cdef int verdict(self, const UText* t, Py_ssize_t b, Py_ssize_t limit) noexcept nogil:
         cdef unsigned char x, y, z
@@ -213,24 +324,33 @@ cdef class CutRules:
 
     # Routing for the fast encoder: may a piece of text go to it, or must it go to the reference?
 
-    def route(self, str text not None, Py_ssize_t start=0, end=None):
+    def route(self, str text not None, Py_ssize_t start=0, end=None, nfc=None):
         """(0, -1) when text[start:end] may go to the fast encoder; (1, i) when text[i] is a guard
         character; (2, i) when text[i] is not an NFC anchor (NFC files: call nfc_windows and
-        check that the reference normalizer leaves them unchanged)."""
+        check that the reference normalizer leaves them unchanged). ``nfc=False`` skips the NFC
+        part (the file's guard table proves the fast encoder normalizes as the reference does).
+
+        An ASCII text whose 128 characters are all clean costs O(1); otherwise one pass over
+        the string's own buffer, one loop per PEP 393 width, without the GIL."""
         cdef UText t = utext_of(text)
-        cdef Py_ssize_t i, stop = t.length if end is None else end
+        cdef Py_ssize_t i = -1, stop = t.length if end is None else end
         cdef Py_ssize_t first_non_anchor = -1
-        cdef unsigned char c
-        cdef bint nfc = self.nfc
+        cdef bint check_nfc = self.nfc if nfc is None else (self.nfc and nfc)
+        cdef unsigned char need = NFC_ANCHOR if check_nfc else 0
+        if stop > t.length:
+            stop = t.length
+        if start < 0:
+            start = 0
+        if start >= stop:
+            return 0, -1
+        if PyUnicode_IS_ASCII(text) and _clean_ranges(self.table, need).below >= 128:
+            return 0, -1
         with nogil:
-            for i in range(start, stop):
-                c = self.table[uread(&t, i)]
-                if c & FAST_GUARD:
-                    break
-                if nfc and first_non_anchor < 0 and not (c & NFC_ANCHOR):
-                    first_non_anchor = i
-            else:
-                i = -1
+            i = _first_flagged(self.table, &t, start, stop, need)
+            if i >= 0 and not (self.table[uread(&t, i)] & FAST_GUARD):
+                # a non-anchor: remember it, keep looking for a guard character
+                first_non_anchor = i
+                i = _first_flagged(self.table, &t, i, stop, 0)
         if i >= 0:
             return 1, i
         if first_non_anchor >= 0:
@@ -240,17 +360,21 @@ cdef class CutRules:
     def guard_spans(self, str text not None, Py_ssize_t start=0, end=None):
         """Runs [i, j) of guard characters in text[start:end]."""
         cdef UText t = utext_of(text)
-        cdef Py_ssize_t i, stop = t.length if end is None else end, run = -1
+        cdef Py_ssize_t i, j, stop = t.length if end is None else end
         out = []
-        for i in range(start, stop):
-            if self.table[uread(&t, i)] & FAST_GUARD:
-                if run < 0:
-                    run = i
-            elif run >= 0:
-                out.append((run, i))
-                run = -1
-        if run >= 0:
-            out.append((run, stop))
+        i = start
+        while i < stop:
+            with nogil:
+                i = _first_flagged(self.table, &t, i, stop, 0)
+                j = i
+                if i >= 0:
+                    j = i + 1
+                    while j < stop and (self.table[uread(&t, j)] & FAST_GUARD):
+                        j += 1
+            if i < 0:
+                break
+            out.append((i, j))
+            i = j
         return out
 
     def isolate(self, str text not None, spans, Py_ssize_t budget):
@@ -371,3 +495,61 @@ cdef class CutRules:
         if old_len < len(new) and self.resolve(new, &t, old_len, len(new)) != NOT_SAFE:
             return old_len
         return self.scan_back(new, old_len - 1, old_len - budget, old_len)
+
+    # Continuations (dtok.repair): cuts of two texts at once, and anchor grids.
+
+    @property
+    def context(self):
+        """How far the verdict at b reads on either side of b (NFC window, added-token
+        occurrences reaching b and the occurrences that could shadow them, the transition pair),
+        so that two texts equal on [b - context, b + context] that reach neither end of either
+        text within it get the same verdict at b."""
+        return NFC_WINDOW + 2 * self.specials.max_len + 2
+
+    cdef bint cut_or_end(self, str text, const UText* t, Py_ssize_t b) except -1:
+        if b == 0 or b == t.length:
+            return True
+        return self.resolve(text, t, b, t.length) != NOT_SAFE
+
+    def seam(self, str old not None, Py_ssize_t old_pos, str new not None, Py_ssize_t new_pos,
+             Py_ssize_t count, int direction):
+        """The first d in 0..count such that old_pos + d*direction is a cut of old and
+        new_pos + d*direction is a cut of new (a cut: a safe cut of the whole text, or either end
+        of it); -1 if none. direction is +1 (forward) or -1 (backward)."""
+        cdef UText o = utext_of(old), n = utext_of(new)
+        cdef Py_ssize_t d, a, b
+        if direction not in (1, -1):
+            raise ValueError("direction must be +1 or -1")
+        for d in range(count + 1):
+            a = old_pos + d * direction
+            b = new_pos + d * direction
+            if a < 0 or b < 0 or a > o.length or b > n.length:
+                break
+            if self.cut_or_end(old, &o, a) and (not self._check_new_text
+                                                or self.cut_or_end(new, &n, b)):
+                return d
+        return -1
+
+    def grid(self, str text not None, Py_ssize_t start, Py_ssize_t end, Py_ssize_t spacing,
+             Py_ssize_t budget):
+        """Safe cuts of the whole text inside (start, end), about `spacing` apart: from each
+        tentative position (the previous cut + spacing) scan back at most `budget` characters,
+        never closer than spacing/4 to the previous cut or to `end`."""
+        cdef Py_ssize_t prev = start, target, lo, b, n = len(text)
+        cdef Py_ssize_t quarter = spacing // 4 if spacing >= 4 else 1
+        cdef array.array cuts = array.array("q")
+        if spacing < 1:
+            raise ValueError("spacing must be positive")
+        target = start + spacing
+        while target <= end - quarter:
+            lo = target - budget
+            if lo < prev + quarter:
+                lo = prev + quarter
+            b = self.scan_back(text, target, lo, n) if lo <= target else -1
+            if b > prev:
+                cuts.append(b)
+                prev = b
+                target = b + spacing
+            else:
+                target += spacing
+        return cuts.tolist()

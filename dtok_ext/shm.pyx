@@ -34,38 +34,37 @@ ctypedef struct ControlBlock:
     uint32_t op
     uint32_t kind             # kind of the text (1, 2, 4)
     uint64_t text_chars
-    uint32_t tail_kind
     uint32_t flags
-    uint64_t tail_chars       # an old tail that precedes the text in the payload (adoption)
+    uint32_t reserved_a
+    uint64_t plan_words       # int64 words of the plan table in the payload (session ops)
     uint64_t payload_gen
     uint64_t result_gen
     uint64_t session_id
     uint64_t seg_gen          # session segment to write into
-    uint64_t old_seg_gen      # segment holding the session's current IDs (== seg_gen: in place)
+    uint64_t old_seg_gen      # segment holding the session's current IDs (0: none; == seg_gen: in place)
     uint64_t seg_capacity     # ints
     uint64_t n_body           # current body length of the session (IDs, no prefix/suffix)
     uint64_t n_drops          # session ids to forget, first in the payload
-    uint64_t session_version  # the front end's version of the session's state
-    uint64_t reserved0[2]
+    uint64_t reserved0[3]
     # worker -> front end
     uint64_t resp_seq         # written last (release)
     uint32_t status
     uint32_t reserved1
     uint64_t n_ids
-    uint64_t keep
+    uint64_t keep             # leading IDs (prefix included) that did not change
+    uint64_t report_words     # int64 words of the session report in the result segment
     double service_ms
+    double picked_at          # CLOCK_MONOTONIC seconds: the worker saw the request
+    double answered_at        # ... and published the answer
     uint64_t pid
     uint64_t tasks_done
     uint64_t ready
-    uint64_t reserved2[5]
+    uint64_t reserved2[2]
     char error[512]
 
 CONTROL_SIZE = 4096
 assert sizeof(ControlBlock) <= 4096
 
-_FIELDS = ("op", "kind", "text_chars", "tail_kind", "flags", "tail_chars", "payload_gen",
-           "result_gen", "session_id", "seg_gen", "old_seg_gen", "seg_capacity", "n_body",
-           "n_drops", "session_version", "status", "n_ids", "keep", "service_ms", "pid", "tasks_done", "ready")
 
 
 cdef class Control:
@@ -102,10 +101,6 @@ cdef class Control:
     def resp_seq(self):
         return dtok_load_acquire(<const unsigned long long*>&self.c.resp_seq)
 
-    def set(self, **fields):
-        for name, value in fields.items():
-            setattr(self, name, value)
-
     property op:
         def __get__(self): return self.c.op
         def __set__(self, v): self.c.op = v
@@ -115,15 +110,12 @@ cdef class Control:
     property text_chars:
         def __get__(self): return self.c.text_chars
         def __set__(self, v): self.c.text_chars = v
-    property tail_kind:
-        def __get__(self): return self.c.tail_kind
-        def __set__(self, v): self.c.tail_kind = v
     property flags:
         def __get__(self): return self.c.flags
         def __set__(self, v): self.c.flags = v
-    property tail_chars:
-        def __get__(self): return self.c.tail_chars
-        def __set__(self, v): self.c.tail_chars = v
+    property plan_words:
+        def __get__(self): return self.c.plan_words
+        def __set__(self, v): self.c.plan_words = v
     property payload_gen:
         def __get__(self): return self.c.payload_gen
         def __set__(self, v): self.c.payload_gen = v
@@ -148,9 +140,6 @@ cdef class Control:
     property n_drops:
         def __get__(self): return self.c.n_drops
         def __set__(self, v): self.c.n_drops = v
-    property session_version:
-        def __get__(self): return self.c.session_version
-        def __set__(self, v): self.c.session_version = v
     property status:
         def __get__(self): return self.c.status
         def __set__(self, v): self.c.status = v
@@ -160,9 +149,18 @@ cdef class Control:
     property keep:
         def __get__(self): return self.c.keep
         def __set__(self, v): self.c.keep = v
+    property report_words:
+        def __get__(self): return self.c.report_words
+        def __set__(self, v): self.c.report_words = v
     property service_ms:
         def __get__(self): return self.c.service_ms
         def __set__(self, v): self.c.service_ms = v
+    property picked_at:
+        def __get__(self): return self.c.picked_at
+        def __set__(self, v): self.c.picked_at = v
+    property answered_at:
+        def __get__(self): return self.c.answered_at
+        def __set__(self, v): self.c.answered_at = v
     property pid:
         def __get__(self): return self.c.pid
         def __set__(self, v): self.c.pid = v
@@ -185,6 +183,31 @@ cdef class Control:
 def str_nbytes(str s not None):
     """Bytes of the raw PEP 393 buffer of s."""
     return PyUnicode_GET_LENGTH(s) * PyUnicode_KIND(s)
+
+
+def utf8_length(str s not None):
+    """Bytes of s in UTF-8, counted from its PEP 393 buffer (no copy); a lone surrogate counts 3."""
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(s), i, total = 0
+    cdef int kind = PyUnicode_KIND(s)
+    cdef const unsigned char* d1
+    cdef const unsigned short* d2
+    cdef const unsigned int* d4
+    cdef unsigned int c
+    if kind == 1:
+        d1 = <const unsigned char*>PyUnicode_DATA(s)
+        for i in range(n):
+            total += 1 + (d1[i] >> 7)
+    elif kind == 2:
+        d2 = <const unsigned short*>PyUnicode_DATA(s)
+        for i in range(n):
+            c = d2[i]
+            total += 1 if c < 0x80 else (2 if c < 0x800 else 3)
+    else:
+        d4 = <const unsigned int*>PyUnicode_DATA(s)
+        for i in range(n):
+            c = d4[i]
+            total += 1 if c < 0x80 else (2 if c < 0x800 else (3 if c < 0x10000 else 4))
+    return total
 
 
 def write_str(buffer, Py_ssize_t offset, str s not None):
@@ -243,24 +266,6 @@ def copy_ids(src, Py_ssize_t src_offset, dst, Py_ssize_t dst_offset, Py_ssize_t 
         raise ValueError("copy out of range")
     if n:
         memcpy(&b[dst_offset * 4], &a[src_offset * 4], n * 4)
-
-
-def ids_equal(buffer, Py_ssize_t offset_ints, parts):
-    """buffer's int32 values from offset equal the concatenated parts."""
-    cdef const unsigned char[::1] mem = buffer
-    cdef const int* data = <const int*>&mem[0]
-    cdef Py_ssize_t cap = mem.shape[0] // sizeof(int), pos = offset_ints, n, j
-    cdef const int[::1] view
-    for p in parts:
-        view = p
-        n = view.shape[0]
-        if pos + n > cap:
-            return False
-        for j in range(n):
-            if data[pos + j] != view[j]:
-                return False
-        pos += n
-    return True
 
 
 def read_ids(buffer, Py_ssize_t offset_ints, Py_ssize_t n):

@@ -15,6 +15,10 @@ cdef class SpecialMatcher:
     cdef readonly int n_nodes
     cdef readonly int n_patterns
     cdef readonly int max_len
+    cdef object _starts                 # bytes: 1 for a BMP code point that begins some pattern
+    cdef const unsigned char* starts
+
+    cdef bint may_start_in(self, const UText* t, Py_ssize_t start, Py_ssize_t stop) noexcept nogil
 
     cdef int _goto(self, int node, Py_UCS4 ch) noexcept nogil
     cdef int _step(self, int state, Py_UCS4 ch) noexcept nogil

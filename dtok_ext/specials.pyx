@@ -80,6 +80,14 @@ cdef class SpecialMatcher:
         self.n_nodes = n
         self.n_patterns = len(pats)
         self.max_len = max((len(p) for p in pats), default=0)
+        # Which code points start some pattern: a cheap test before running the automaton
+        # (most windows of ordinary text hold no such character). Astral ones are all "maybe".
+        starts = bytearray(0x10000)
+        for p in pats:
+            if ord(p[0]) < 0x10000:
+                starts[ord(p[0])] = 1
+        self._starts = bytes(starts)
+        self.starts = <const unsigned char*>self._starts
 
     cdef int _goto(self, int node, Py_UCS4 ch) noexcept nogil:
         cdef int lo = self.edge_begin[node], hi = self.edge_end[node], mid
@@ -103,6 +111,16 @@ cdef class SpecialMatcher:
                 return 0
             state = self.fail[state]
 
+    cdef bint may_start_in(self, const UText* t, Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
+        """Some character of t[start:stop] may begin a pattern."""
+        cdef Py_ssize_t i
+        cdef Py_UCS4 c
+        for i in range(start, stop):
+            c = uread(t, i)
+            if c >= 0x10000 or self.starts[c]:
+                return True
+        return False
+
     cdef bint covers(self, const UText* t, Py_ssize_t b) noexcept nogil:
         """Some occurrence [s, e) has s < b < e."""
         cdef Py_ssize_t i, e, start, stop
@@ -112,6 +130,8 @@ cdef class SpecialMatcher:
         start = b - self.max_len + 1
         if start < 0:
             start = 0
+        if not self.may_start_in(t, start, b):  # an occurrence covering b starts before it
+            return False
         stop = b + self.max_len - 1
         if stop > t.length:
             stop = t.length
@@ -147,6 +167,8 @@ cdef class SpecialMatcher:
         start = b - self.max_len
         if start < 0:
             start = 0
+        if not self.may_start_in(t, start, b):
+            return False
         for i in range(start, b):
             state = self._step(state, uread(t, i))
         node = state if self.term_len[state] else self.dict_link[state]
@@ -168,6 +190,8 @@ cdef class SpecialMatcher:
         stop = c + self.max_len - 1
         if stop > t.length:
             stop = t.length
+        if not self.may_start_in(t, start, c if c < stop else stop):  # occurrences start before c
+            return False
         for i in range(start, stop):
             state = self._step(state, uread(t, i))
             e = i + 1

@@ -36,7 +36,7 @@ def test_result_is_readonly_int32(main_tok):
 
 
 def test_explain_reports_plan():
-    tok = load_tokenizer("llama3")
+    tok = load_tokenizer("llama3", content_lookup=False)  # the stateless route
     text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:1_000_000]
     ex = tok.explain(text)
     assert ex["route"] == "chunked" and ex["requested_chunks"] == 16

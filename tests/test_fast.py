@@ -9,7 +9,8 @@ import sys
 import pytest
 
 import dtok
-from conftest import MAIN_FILES, ROOT, load_tokenizer, read_text, ref_ids, ref_ids_many, shared_path
+from conftest import (FAMILY_OF as FAMILY, MAIN_FILES, ROOT, load_tokenizer, read_text, ref_ids,
+                      ref_ids_many, shared_path)
 from dtok import guards
 from dtok.chat import detect_style, render_turns
 from dtok.encoders import FastEncoder, FastEncoderError, fastokens_version
@@ -53,9 +54,17 @@ def test_real_text_differential(name):
     assert tok.stats()["fast_pieces"] > 10
 
 
+def nfc_checked(tok: dtok.Tokenizer) -> dtok.Tokenizer:
+    """The same tokenizer without the NFC proof: text NFC would change goes to the reference."""
+    clone = tok.with_knobs()
+    clone._nfc_by_fast = False
+    return clone
+
+
 def test_guarded_chunk_goes_to_reference_alone():
-    """One decomposed accent in a long Qwen3 text: only its chunk pays a reference encode."""
-    tok = fast_tok("qwen3", content_lookup=False)
+    """One decomposed accent in a long Qwen3 text, NFC proof not used: only its chunk pays a
+    reference encode."""
+    tok = nfc_checked(fast_tok("qwen3", content_lookup=False))
     text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:600_000]
     text = text[:300_000] + "Cafe\u0301" + text[300_000:]
     ex = tok.explain(text)
@@ -81,7 +90,7 @@ def test_unassigned_code_point_is_guarded():
 
 
 def test_nfc_text_with_marks_stays_fast():
-    tok = fast_tok("qwen3")
+    tok = nfc_checked(fast_tok("qwen3"))
     # NFC Devanagari and Thai, full of combining vowel signs: the NFC check passes them
     text = read_text("multilingual", "udhr_mar.txt") + read_text("multilingual", "udhr_tha.txt")
     assert tok.explain(text)["chunk_routes"] == ["fast"]
@@ -117,10 +126,10 @@ def test_fast_encoder_refuses_a_different_file():
     base = load_tokenizer("qwen3")
     from tokenizers import AddedToken, Tokenizer
 
-    other = Tokenizer.from_str(base.files.raw.decode())
+    other = Tokenizer.from_str(base.tokenizer_json().decode())
     other.add_tokens([AddedToken("<extra>", special=True)])
     with pytest.raises(FastEncoderError, match="vocabulary size|added tokens"):
-        FastEncoder(base.files.raw.decode(), other)
+        FastEncoder(base.tokenizer_json().decode(), other)
 
 
 def test_cache_variables_are_kept_out(monkeypatch):
@@ -138,7 +147,7 @@ def test_cache_variables_are_kept_out(monkeypatch):
     monkeypatch.setenv("FASTOKENS_INPUT_CACHE", "1")
     monkeypatch.setenv("FASTOKENS_SEGMENT_CACHE", "64")
     base = load_tokenizer("llama3")
-    enc = FastEncoder(base.files.raw.decode(), base.reference)
+    enc = FastEncoder(base.tokenizer_json().decode(), base.reference)
     assert seen == {"FASTOKENS_INPUT_CACHE": None, "FASTOKENS_SEGMENT_CACHE": None}
     assert os.environ["FASTOKENS_INPUT_CACHE"] == "1"  # restored for the caller
     assert enc.native.segment_cache_stats() is None
@@ -185,3 +194,199 @@ def test_unstable_windows_match_per_window_normalization():
         assert tok._unstable(s) == want
     assert tok.rules.unstable_windows("a\ufdd0b\u0301") is None  # holds the separator
     assert tok._unstable("a\ufdd0e\u0301\u0958") == [(2, 5)]  # by bisection
+
+
+# --- the NFC proof, its control, coalescing, parallel calls, memory ---------------------------
+
+NFD_TEXTS = [("adversarial", "udhr_mixed_NFD.txt"), ("adversarial", "udhr_kor_NFD_jamo.txt"),
+             ("adversarial", "udhr_vie_NFD.txt"), ("multilingual", "udhr_hin.txt")]
+
+
+def test_nfc_proof_is_recorded_and_used():
+    """Qwen3's shipped guard table records the NFC proof: NFD text stays on fastokens, exact."""
+    tok = fast_tok("qwen3", content_lookup=False, chunk_threshold=65536, chunk_target=16384)
+    guard = guards.load(tok.admission.sha256, fastokens_version())
+    assert guard.nfc_proven and guard.nfc["n_failures"] == 0
+    assert guard.nfc["probes"]["pairs"] > 10_000_000 and guard.nfc["unprobed"]
+    assert tok._nfc_by_fast and "proven" in " ".join(tok.stats()["notes"])
+    texts = [read_text(*p) for p in NFD_TEXTS]
+    texts.append("".join(texts))
+    for text, want in zip(texts, ref_ids_many(tok, texts)):
+        assert all(r == "fast" for r in tok.explain(text)["chunk_routes"])
+        before = tok.stats()["reference_pieces"]
+        assert list(tok.encode(text)) == want
+        assert tok.stats()["reference_pieces"] == before
+    # a code point newer than the probes' sources is a guard character where the proof is used
+    new = chr(guard.nfc["unprobed"][0][0])
+    assert tok.rules.route("ab" + new) == (1, 2)
+
+
+def _fastokens_without_nfc(tok: dtok.Tokenizer) -> FastEncoder:
+    """A real fastokens on the same file with its normalizer removed: an encoder whose NFC
+    differs from the reference's, which the NFC proof does not cover."""
+    import fastokens
+
+    spec = json.loads(tok.tokenizer_json())
+    spec["normalizer"] = None
+    enc = object.__new__(FastEncoder)
+    enc.native = fastokens.Tokenizer.from_json_str(json.dumps(spec))
+    enc.native.enable_segment_cache(0)
+    enc.version = fastokens_version()
+    return enc
+
+
+def test_control_nfc_probes_reject_another_normalizer():
+    """The control of the proof: the same probes through an encoder without NFC find
+    disagreements in every probe set (while the real fast encoder passes them)."""
+    tok = fast_tok("qwen3")
+    table = dtok.tables.load("qwen2").table
+    sets, _ = guards.nfc_probe_sets(table, guards._guard_mask(table, ()))
+    wrong = _fastokens_without_nfc(tok)
+    import itertools
+
+    for name, probes in sets.items():
+        sample = list(itertools.islice(iter(probes), 0, None, max(1, len(probes) // 20000)))
+        assert guards.nfc_disagreements(tok.reference, wrong.encode, sample), name
+        assert not guards.nfc_disagreements(tok.reference, tok.encoder.encode, sample), name
+
+
+def test_control_forced_nfc_proof_finds_differences():
+    """The control of the route: forcing the proof's use on an encoder it does not cover
+    (fastokens without NFC) makes the battery find differences; with the NFC check on, the same
+    encoder is exact on the same texts (the check sends what it cannot take to the reference)."""
+    from battery import battery_texts
+
+    base = fast_tok("qwen3", chunk_threshold=4096, chunk_target=1024)
+    texts = battery_texts(base)[:150] + [read_text(*p)[:20_000] for p in NFD_TEXTS]
+    wants = ref_ids_many(base, texts)
+    wrong = _fastokens_without_nfc(base)
+    forced = base.with_knobs()
+    forced.encoder, forced._fast, forced._nfc_by_fast = wrong, wrong, True
+    diffs = sum(list(forced.encode(t)) != w for t, w in zip(texts, wants))
+    assert diffs >= 20, "the battery cannot see an unproven normalizer"
+    checked = nfc_checked(forced)
+    checked.encoder = checked._fast = wrong
+    assert [list(checked.encode(t)) for t in texts] == wants
+
+
+class _CallCounter:
+    """Counts the calls an encoder gets (and from which threads); the encoder itself runs."""
+
+    def __init__(self, enc):
+        self.enc, self.name, self.calls, self.threads = enc, enc.name, 0, set()
+
+    def encode(self, text):
+        return self.encode_many([text])[0]
+
+    def encode_many(self, texts):
+        import threading
+
+        self.calls += 1
+        self.threads.add(threading.get_ident())
+        return self.enc.encode_many(texts)
+
+    def encode_stretches(self, texts):
+        self.calls += 1
+        return self.enc.encode_stretches(texts)
+
+
+def _counted(tok: dtok.Tokenizer) -> dtok.Tokenizer:
+    tok.encoder = tok._fast = _CallCounter(tok.encoder)
+    tok.ref_encoder = _CallCounter(tok.ref_encoder)
+    return tok
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_thousands_of_spots_cost_few_calls(threads):
+    """A text with thousands of guard characters (and, NFC proof off, thousands of spots NFC
+    changes) costs at most `threads` reference calls and `threads` fast calls per encode."""
+    prose = read_text("prose", "gutenberg-2701_moby-dick.txt")[:400_000]
+    guarded = "".join(prose[i:i + 150] + "\u0378" for i in range(0, len(prose), 150))
+    nfd = "".join(prose[i:i + 150] + "e\u0301" for i in range(0, len(prose), 150))
+    for name, text, proof in (("llama3", guarded, True), ("qwen3", nfd, False)):
+        tok = _counted(fast_tok(name, threads=threads, content_lookup=False).with_knobs())
+        tok._nfc_by_fast = tok._nfc_by_fast and proof
+        spots = len(text) // 150
+        n_ref = sum(1 for seg in tok._segments(text) if seg[2] is not None)
+        assert n_ref > spots // 10, (name, n_ref)  # not merged into one: many short stretches
+        assert list(tok.encode(text, add_special_tokens=False)) == ref_ids(tok, text, False)
+        assert tok.ref_encoder.calls <= threads and tok.encoder.calls <= threads, name
+
+
+def test_chunks_run_on_every_thread():
+    """threads=2: the fast encoder gets two calls, one in this thread, one on the pool."""
+    tok = _counted(fast_tok("gpt-oss", threads=2, content_lookup=False).with_knobs())
+    text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:1_000_000]
+    assert list(tok.encode(text, add_special_tokens=False)) == ref_ids(tok, text, False)
+    assert tok.encoder.calls == 2 and len(tok.encoder.threads) == 2
+    one = _counted(fast_tok("gpt-oss", threads=1, content_lookup=False).with_knobs())
+    one.encode(text)
+    assert one.encoder.calls == 1
+
+
+def test_tokenizer_json_replaces_the_file_bytes():
+    """A loaded tokenizer keeps no copy of tokenizer.json; tokenizer_json() gives an equivalent
+    one (same IDs, same admission), and admission.sha256 stays the file's SHA-256."""
+    import hashlib
+
+    from dtok.admission import TokenizerFiles
+
+    path = shared_path("tokenizers", "llama3", "tokenizer.json")
+    tok = fast_tok("llama3")
+    assert tok.files.raw == b""
+    assert tok.admission.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    again = dtok.Tokenizer(TokenizerFiles(path, tok.tokenizer_json(), None, None,
+                                          sha256=tok.admission.sha256))
+    assert again.encoder.name == "fastokens" and again.admission == tok.admission
+    text = read_text("adversarial", "blns_big-list-of-naughty-strings.txt")
+    assert list(again.encode(text)) == list(tok.encode(text)) == ref_ids(tok, text)
+    ref_only = dtok.Tokenizer.from_file(path, encoder="reference")
+    assert ref_only.with_knobs(encoder="auto").encoder.name == "fastokens"
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama3"])
+def test_route_scan_matches_a_plain_loop(name):
+    """The vectorized routing scan gives what a per-character loop over the table gives, for
+    strings of each PEP 393 width, around the edges of its clean ranges, with start/end."""
+    import random
+
+    tok = fast_tok(name)
+    rules = tok.rules
+    table = guards.guarded_table(dtok.tables.load(FAMILY[name]).table,
+                                 guards.load(tok.admission.sha256, fastokens_version()),
+                                 tok._nfc_by_fast)
+
+    def plain(text, start, end, nfc):
+        first_other = -1
+        for i in range(start, end):
+            c = table[ord(text[i])]
+            if c & dtok.tables.FAST_GUARD:
+                return 1, i
+            if nfc and first_other < 0 and not c & dtok.tables.NFC_ANCHOR:
+                first_other = i
+        return (2, first_other) if first_other >= 0 else (0, -1)
+
+    edges = [0x41, 0x7F, 0x80, 0xE9, 0xFF, 0x100, 0x2FF, 0x300, 0x301, 0x377, 0x378, 0x379,
+             0x1FFF, 0x2000, 0x2019, 0x2064, 0x2065, 0x2066, 0xFFFD, 0xFFFF, 0x10000, 0x1F600,
+             0xE0001, 0x10FFFF]
+    rng = random.Random(5)
+    for _ in range(3000):
+        pool = rng.sample(edges, 3) + ["a"]
+        n = rng.choice([1, 5, 63, 64, 65, 255, 256, 257, 700])
+        text = "".join(chr(c) if type(c) is int else c for c in
+                       (rng.choice(pool) if rng.random() < 0.05 else "a" for _ in range(n)))
+        start = rng.randrange(0, n)
+        end = rng.choice([None, rng.randrange(start, n + 1)])
+        for nfc in (None, False):
+            want = plain(text, start, n if end is None else end,
+                         rules.nfc if nfc is None else False)
+            assert rules.route(text, start, end, nfc=nfc) == want, (text, start, end, nfc)
+        spans = [(i, i + 1) for i in range(start, n if end is None else end)
+                 if table[ord(text[i])] & dtok.tables.FAST_GUARD]
+        merged = []
+        for a, b in spans:
+            if merged and merged[-1][1] == a:
+                merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        assert rules.guard_spans(text, start, end) == merged

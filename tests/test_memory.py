@@ -1,5 +1,6 @@
-"""A loaded tokenizer costs about what the reference alone costs (encoder='reference'): dtok
-keeps neither the parsed tokenizer.json nor the heap that parsing freed."""
+"""A loaded tokenizer costs about what the reference alone costs (encoder='reference'), and on
+the fast encoder about what the reference and fastokens cost loaded side by side: dtok keeps
+neither the parsed tokenizer.json, nor its bytes, nor the heap that parsing freed, nor numpy."""
 from __future__ import annotations
 
 import subprocess
@@ -14,6 +15,17 @@ path = sys.argv[2]
 if sys.argv[1] == "bare":
     keep = tokenizers.Tokenizer.from_file(path + "/tokenizer.json")
     ctypes.CDLL("libc.so.6").malloc_trim(0)  # the reference alone at its best
+elif sys.argv[1] == "bare+fastokens":
+    import fastokens
+
+    keep = tokenizers.Tokenizer.from_file(path + "/tokenizer.json")
+    fast = fastokens.Tokenizer.from_file(path + "/tokenizer.json")
+    fast.encode_batch_flat(["warm up the lazy state " * 20])  # dtok warms it up at load too
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+elif sys.argv[1] == "dtok fast":
+    keep = dtok.Tokenizer.from_file(path)
+    assert keep.encoder.name == "fastokens"
+    assert "numpy" not in sys.modules and keep.files.raw == b""
 else:
     keep = dtok.Tokenizer.from_file(path, encoder="reference")
 for line in open("/proc/self/status"):
@@ -35,3 +47,17 @@ def test_loaded_tokenizer_costs_about_the_reference():
     bare, loaded = _rss_mb("bare", path), _rss_mb("dtok", path)
     # measured here: bare 96 MB, dtok 99 MB; before releasing the parse, dtok held 276 MB
     assert loaded <= bare + 30, (bare, loaded)
+
+
+def test_fast_encoder_costs_about_the_two_encoders():
+    if not sys.platform.startswith("linux"):
+        return
+    from dtok.encoders import fastokens_version
+
+    if fastokens_version() is None:
+        return
+    path = shared_path("tokenizers", "qwen3")
+    bare, loaded = _rss_mb("bare+fastokens", path), _rss_mb("dtok fast", path)
+    # measured here: both encoders 182 MB, dtok 187 MB (before dropping numpy and the file's
+    # bytes: 204 MB)
+    assert loaded <= bare + 15, (bare, loaded)

@@ -24,8 +24,10 @@ from dtok_ext.heap import TaskHeap
 
 
 def pool_names(prefix: str | None = None) -> set[str]:
-    names = {n for n in os.listdir("/dev/shm") if n.startswith(("dtok-", "sem.dtok-"))}
-    return {n for n in names if prefix is None or prefix in n}
+    """Names in /dev/shm of one pool, or (no prefix) of this process's pools (other processes on
+    the machine may be running pools of their own)."""
+    prefix = prefix or f"dtok-{os.getpid()}-"
+    return {n for n in os.listdir("/dev/shm") if n.startswith((prefix, "sem." + prefix))}
 
 
 @pytest.fixture(scope="module")
@@ -123,31 +125,41 @@ def test_bad_input_same_as_reference(pools):
     assert list(pool.encode("fine", session="bad")) == ref_ids(pool.tokenizer, "fine")
 
 
-def test_worker_kill_mid_request_fails_over_exactly():
+def wait_until(cond, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_worker_kill_mid_request_fails_over_and_is_replaced():
     tok = load_tokenizer("llama3")
     with Pool(tok, workers=2, name="kill", chunk_threshold=10**9) as pool:
         text = read_text("multilingual", "udhr_all-languages_concatenated.txt")[:3_000_000]
         session_text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:40000]
         assert list(pool.encode(session_text, session="k")) == ref_ids(tok, session_text)
         fut = pool.submit(text)  # one long task: a worker is busy with it for a while
-        deadline = time.monotonic() + 10
         busy = []
-        while not busy and time.monotonic() < deadline:
-            busy = [w for w in pool.stats()["workers"] if w["busy"]]
-            time.sleep(0.001)
-        assert busy, "no worker picked the task up"
+        assert wait_until(lambda: busy.extend(w for w in pool.stats()["workers"] if w["busy"])
+                          or busy, 10), "no worker picked the task up"
         os.kill(busy[0]["pid"], signal.SIGKILL)
         assert list(fut.result(timeout=60)) == ref_ids(tok, text)
         s = pool.stats()
-        assert s["worker_deaths"] == 1 and s["failovers"] == 1
-        assert sum(w["alive"] for w in s["workers"]) == 1
-        # the session is re-homed on the live worker and keeps repairing exactly
+        assert s["worker_deaths"] == 1 and s["failovers"] == 1 and s["replacements"] == 1
+        # never drained: a new worker takes the dead one's place within seconds
+        assert wait_until(lambda: sum(w["alive"] for w in pool.stats()["workers"]) == 2, 20)
+        new_pids = {w["pid"] for w in pool.stats()["workers"]}
+        assert busy[0]["pid"] not in new_pids
+        # the session keeps continuing exactly (workers hold no session state)
         for i in range(5):
             session_text += f" and then turn {i}."
             assert list(pool.encode(session_text, session="k")) == ref_ids(tok, session_text)
+        assert pool.stats()["in_process"] == 0
 
 
-def test_request_timeout_fails_over():
+def test_request_timeout_kills_replaces_and_fails_over():
     tok = load_tokenizer("qwen3")
     with Pool(tok, workers=1, name="timeout", request_timeout=0.001,
               chunk_threshold=10**9) as pool:
@@ -155,7 +167,10 @@ def test_request_timeout_fails_over():
         assert list(pool.encode(text)) == ref_ids(tok, text)
         s = pool.stats()
         assert s["timeouts"] == 1 and s["failovers"] == 1
-        assert list(pool.encode("after")) == ref_ids(tok, "after")  # no live worker: in process
+        assert wait_until(lambda: pool.stats()["workers"][0]["alive"], 20)
+        pool.request_timeout = 60.0
+        assert list(pool.encode("after")) == ref_ids(tok, "after")
+        assert pool.stats()["in_process"] == 0 and pool.stats()["replacements"] == 1
 
 
 def test_start_timeout_cleans_up():
@@ -210,13 +225,42 @@ def _alive(pid: int) -> bool:
 
 
 def test_stale_segments_are_swept_at_start():
+    """A crashed pool's names (its owner lock free) are swept; a prefix without a lock file (an
+    older dtok) only when its PID is gone and its files are old."""
     dead_pid = int(open("/proc/sys/kernel/pid_max").read()) + 1  # never a live process
-    name = f"dtok-{dead_pid}-deadbeef-w0-ctl"
-    seg = shm.Segment(name, 4096, create=True)
-    seg.close()
-    assert name in pool_names()
+    crashed, legacy_new, legacy_old = (f"dtok-{dead_pid}-{tag}" for tag in ("dead0001", "dead0002",
+                                                                             "dead0003"))
+    for prefix in (crashed, legacy_new, legacy_old):
+        shm.Segment(f"{prefix}-w0-ctl", 4096, create=True).close()
+    os.close(shm.hold_owner_lock(crashed, create=True))  # the lock file, its holder gone
+    hour_ago = time.time() - 2 * shm.LEGACY_AGE_S
+    os.utime(f"/dev/shm/{legacy_old}-w0-ctl", (hour_ago, hour_ago))
     with Pool(load_tokenizer("llama3"), workers=1, name="sweep"):
-        assert name not in pool_names()
+        names = set(os.listdir("/dev/shm"))
+        assert not any(n.startswith((crashed, legacy_old)) for n in names)
+        assert f"{legacy_new}-w0-ctl" in names
+    shm.unlink_prefix(legacy_new)
+
+
+def test_sweep_never_unlinks_a_live_pool_in_another_pid_namespace():
+    """A pool whose front end's PID means nothing here (another PID namespace sharing /dev/shm)
+    is alive as long as one of its processes holds the owner lock."""
+    dead_pid = int(open("/proc/sys/kernel/pid_max").read()) + 1
+    prefix = f"dtok-{dead_pid}-feed0001"
+    shm.Segment(f"{prefix}-s1-g1", 4096, create=True).close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from dtok.pool import shm; "
+         f"fd = shm.hold_owner_lock({prefix!r}, create=True); print('ok', flush=True); "
+         "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == b"ok"
+        shm.sweep_stale()
+        assert f"{prefix}-s1-g1" in pool_names(prefix), "a live pool's segment was swept"
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+    shm.sweep_stale()  # its last process is gone now
+    assert not pool_names(prefix)
 
 
 def test_not_admitted_goes_in_process():

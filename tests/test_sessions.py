@@ -153,28 +153,17 @@ def test_concurrent_sessions_and_eviction_in_flight():
 
 
 def test_lookup_confirms_bytes_before_reuse(monkeypatch):
-    """A digest collision may waste work but never changes IDs."""
+    """A fingerprint collision may waste work but never changes IDs: with every fingerprint
+    equal, every stored text is a candidate for every request."""
     tok = fresh("gpt-oss")
     import dtok.sessions as sessions
 
-    class Colliding:
-        def __init__(self, *a, **k):
-            pass
-
-        def update(self, data):
-            pass
-
-        def copy(self):
-            return self
-
-        def digest(self):
-            return b"\0" * 16
-
-    monkeypatch.setattr(sessions.hashlib, "blake2b", Colliding)
+    monkeypatch.setattr(sessions, "fingerprints", lambda text, offsets, key: [0] * len(offsets))
     a = read_text("code", "go__fzf__src_pattern.go.txt")
     b = read_text("code", "shell__fzf__shell_key-bindings.zsh.txt")
-    for text in (a, b, b + a[:100], a + b[:100]):
+    for text in (a, b, b + a[:100], a + b[:100], a[:3000] + b):
         assert list(tok.encode(text)) == ref_ids(tok, text)
+    assert tok.sessions.stats()["lookups"] == 5
 
 
 def test_short_texts_are_not_stored():

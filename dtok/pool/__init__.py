@@ -1,4 +1,11 @@
-"""Shared-memory worker pool: see :class:`Pool`."""
-from dtok.pool.frontend import Pool, PoolError
+"""Shared-memory worker pool: see :class:`Pool`.
 
-__all__ = ["Pool", "PoolError"]
+Modules, in the order a request meets them: ``api`` (Pool: the public API, routing, failover),
+``scheduler`` (queues and their keys), ``session_table`` (sessions and their segments),
+``channel`` (the wire to one worker), ``zygote_client`` (starting and replacing workers),
+``protocol`` (operations and the wire form of a plan), ``shm`` (segments, budget, owner lock,
+sweep); in the workers' processes: ``zygote`` and ``worker``.
+"""
+from dtok.pool.api import AGING, Pool, PoolError
+
+__all__ = ["Pool", "PoolError", "AGING"]

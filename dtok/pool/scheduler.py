@@ -1,4 +1,5 @@
-"""Queue keys: FIFO by arrival, or shortest first with aging (paper, supplement S6.1).
+"""The pool's queues and their keys: FIFO by arrival, or shortest first with aging (paper,
+supplement S6.1).
 
 A task's shortest-first key is its estimated service time plus ``aging`` times its arrival time,
 both in milliseconds. That orders tasks exactly as the estimate minus a credit that grows by
@@ -73,3 +74,54 @@ class Estimator:
                 self._keyed_b = dict(self.b)
                 return True
         return False
+
+
+class Queues:
+    """The pool's queues: one shared heap (stateless requests and the chunks of long ones) and
+    one local heap per worker (its sessions' tasks). An idle worker takes the smaller key of
+    its local head and the shared head, the local one on a tie, and keeps it until done."""
+
+    def __init__(self, estimator: Estimator, n_workers: int, t0: float) -> None:
+        from dtok_ext.heap import TaskHeap
+
+        self.estimator = estimator
+        self.shared = TaskHeap()
+        self.local = [TaskHeap() for _ in range(n_workers)]
+        self._seq = 0
+        self._t0 = t0
+
+    def arrival_ms(self, now: float) -> float:
+        return (now - self._t0) * 1e3
+
+    def push(self, worker: int | None, task, now: float) -> None:
+        """Queue a task (worker None: the shared queue); a task queued again keeps its arrival."""
+        self._seq += 1
+        task.seq = self._seq
+        if task.arrival is None:
+            task.arrival = self.arrival_ms(now)
+        task.key = self.estimator.key(task.kind, task.weight, task.arrival)
+        (self.shared if worker is None else self.local[worker]).push(task.key, task.seq, task)
+
+    def pop_for(self, worker: int):
+        """The task an idle worker takes next, or None."""
+        local = self.local[worker]
+        lk, sk = local.peek_key(), self.shared.peek_key()
+        if lk is None and sk is None:
+            return None
+        return local.pop() if sk is None or (lk is not None and lk <= sk) else self.shared.pop()
+
+    def rekey(self) -> None:
+        """Recompute every queued task's key with the current estimates."""
+        for heap in [self.shared, *self.local]:
+            for task in heap.drain():
+                task.key = self.estimator.key(task.kind, task.weight, task.arrival)
+                heap.push(task.key, task.seq, task)
+
+    def drain(self, worker: int | None = None) -> list:
+        """Remove and return the tasks of one local queue, or (None) of every queue."""
+        if worker is not None:
+            return self.local[worker].drain()
+        return [t for heap in [self.shared, *self.local] for t in heap.drain()]
+
+    def sizes(self) -> tuple[int, list[int]]:
+        return len(self.shared), [len(h) for h in self.local]

@@ -2,15 +2,20 @@
 
 The front end may have threads (an event loop, encoder threads, fastokens' own pool); forking it
 would copy locks held by them. The zygote is started fresh (``python -m dtok.pool.zygote``),
-loads the tokenizer with every encoder single-threaded (``FASTOKENS_BPE_THREADS=1``,
-``TOKENIZERS_PARALLELISM=false``), encodes nothing, and forks workers on request, so they share
-its pages copy-on-write.
+loads the tokenizer with every library single-threaded (``FASTOKENS_BPE_THREADS=1``,
+``TOKENIZERS_PARALLELISM=false``, ``OPENBLAS_NUM_THREADS=1``, ...: see
+``zygote_client.ZYGOTE_ENV``), encodes nothing, and forks workers on request, so they share its
+pages copy-on-write. Before each fork it checks that it has no other thread.
+
+The tokenizer arrives on stdin after the configuration line (the file's bytes, or the front
+end's loaded reference serialized when there is no file), with the file's SHA-256, which keys
+the guard tables: so a tokenizer built from bytes can be pooled too.
 
 Control plane (not the hot path): JSON lines. The front end sends the configuration, then
-``{"cmd": "fork", "index": i}`` and ``{"cmd": "exit"}``; the zygote answers ``loaded``,
-``started``, ``dead`` events, and wakes the front end's dispatcher on a death. When its stdin
-closes (the front end exited or crashed) it kills the workers and unlinks every segment and
-semaphore of the pool.
+``{"cmd": "fork", "index": i}`` (also to replace a dead worker) and ``{"cmd": "exit"}``; the
+zygote answers ``loaded``, ``started``, ``dead`` events, and wakes the front end's dispatcher on a
+death. When its stdin closes or its stdout breaks (the front end exited or crashed, even while
+the zygote was still loading) it kills the workers and unlinks every name of the pool.
 """
 from __future__ import annotations
 
@@ -22,15 +27,59 @@ import sys
 import time
 
 
+class FrontEndGone(Exception):
+    pass
+
+
 def _emit(event: dict) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(json.dumps(event) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError, ValueError):
+        raise FrontEndGone() from None
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+class _Stdin:
+    """The front end's pipe, read unbuffered (select() must see what is left to read)."""
+
+    def __init__(self) -> None:
+        self.fd = sys.stdin.fileno()
+        self.buf = b""
+
+    def fill(self) -> None:
+        chunk = os.read(self.fd, 1 << 20)
+        if not chunk:
+            raise FrontEndGone()
+        self.buf += chunk
+
+    def line(self) -> bytes:
+        while b"\n" not in self.buf:
+            self.fill()
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line
+
+    def exactly(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self.fill()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
 
 
 def main() -> None:
-    os.environ["FASTOKENS_BPE_THREADS"] = "1"
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    config = json.loads(sys.stdin.readline())
+    # The front end starts this process with every library single-threaded (ZYGOTE_ENV).
+    stdin = _Stdin()
+    try:
+        config = json.loads(stdin.line())
+        raw = stdin.exactly(config["tokenizer_bytes"])
+    except FrontEndGone:
+        return
     prefix, name = config["prefix"], config["name"]
     try:
         from setproctitle import setproctitle
@@ -38,47 +87,67 @@ def main() -> None:
         setproctitle(f"dtok-pool[{name}] zygote")
     except ImportError:
         pass
-    from dtok.admission import bundled_files, read_files
     from dtok.pool import shm
-    from dtok.pool.protocol import done_sem_name
+
+    lock_fd = shm.hold_owner_lock(prefix, create=False)  # noqa: F841 - held until exit
+    children: dict[int, int] = {}  # pid -> worker index
+    try:
+        tok = _load(config, raw)
+        del raw
+        done_sem = shm.semaphore(config["done_sem"], create=False)
+        _emit({"event": "loaded", "encoder": tok.encoder.name, "pid": os.getpid(),
+               "threads": _threads()})
+        _serve(tok, config, children, done_sem, stdin)
+    except FrontEndGone:
+        pass
+    except Exception as exc:  # noqa: BLE001 - reported, then clean up and exit
+        try:
+            _emit({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
+        except FrontEndGone:
+            pass
+    finally:
+        _stop(children)
+        shm.unlink_prefix(prefix)
+
+
+def _load(config: dict, raw: bytes):
+    from pathlib import Path
+
+    from dtok.admission import TokenizerFiles
     from dtok.tokenizer import Tokenizer
 
-    try:
-        files = bundled_files() if config["bundled"] else read_files(config["path"])
-        tok = Tokenizer(files, **config["knobs"])
-        if tok.admission.sha256 != config["sha256"]:
-            raise RuntimeError("the tokenizer file changed on disk since the front end loaded it")
-    except Exception as exc:  # reported, then exit
-        _emit({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
-        return
-    done_sem = shm.semaphore(done_sem_name(prefix), create=False)
-    _emit({"event": "loaded", "encoder": tok.encoder.name, "pid": os.getpid()})
+    files = TokenizerFiles(Path(config["path"]), raw, config["config"], None, config["sha256"])
+    return Tokenizer(files, **config["knobs"])
 
-    children: dict[int, int] = {}  # pid -> worker index
-    stdin = sys.stdin.fileno()
-    buf = b""
+
+def _serve(tok, config: dict, children: dict[int, int], done_sem, stdin: _Stdin) -> None:
+    starts: dict[int, int] = {}
+    hang = config.get("_hang_starts", {})  # private test hook: {index: starts that never come up}
     closing = False
     closing_deadline = float("inf")
     while True:
-        ready, _, _ = select.select([stdin], [], [], 0.05)
+        while b"\n" in stdin.buf:
+            line, stdin.buf = stdin.buf.split(b"\n", 1)
+            msg = json.loads(line)
+            if msg["cmd"] == "fork":
+                index = msg["index"]
+                if _threads() != 1:  # never fork with another thread's locks held
+                    _emit({"event": "error", "error": f"zygote has {_threads()} threads"})
+                    return
+                starts[index] = starts.get(index, 0) + 1
+                pid = os.fork()
+                if pid == 0:
+                    _become_worker(tok, index, config,
+                                   hang=starts[index] <= hang.get(str(index), 0))
+                children[pid] = index
+                _emit({"event": "started", "index": index, "pid": pid})
+            elif msg["cmd"] == "exit":
+                closing = True
+                closing_deadline = time.monotonic() + 5  # workers were sent OP_EXIT
+        ready, _, _ = select.select([stdin.fd], [], [], 0.25)
         if ready:
-            chunk = os.read(stdin, 65536)
-            if not chunk:  # the front end is gone
-                break
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                msg = json.loads(line)
-                if msg["cmd"] == "fork":
-                    index = msg["index"]
-                    pid = os.fork()
-                    if pid == 0:
-                        _become_worker(tok, prefix, index, config, name)
-                    children[pid] = index
-                    _emit({"event": "started", "index": index, "pid": pid})
-                elif msg["cmd"] == "exit":
-                    closing = True
-                    closing_deadline = time.monotonic() + 5  # workers were sent OP_EXIT
+            stdin.fill()  # FrontEndGone at end of file
+            continue
         while children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -91,8 +160,11 @@ def main() -> None:
                 _emit({"event": "dead", "index": index, "pid": pid, "status": status})
                 done_sem.release()
         if closing and (not children or time.monotonic() > closing_deadline):
-            break
-    # Front end gone (or closing): no worker outlives the pool, no segment outlives it either.
+            return
+
+
+def _stop(children: dict[int, int]) -> None:
+    """No worker outlives the pool."""
     for pid in list(children):
         try:
             os.kill(pid, signal.SIGKILL)
@@ -105,20 +177,21 @@ def main() -> None:
             children.pop(pid, None)
         except ChildProcessError:
             break
-    shm.unlink_prefix(prefix)
 
 
-def _become_worker(tok, prefix: str, index: int, config: dict, name: str) -> None:
+def _become_worker(tok, index: int, config: dict, hang: bool = False) -> None:
     """In the forked child: drop the zygote's pipes and run the worker loop."""
     code = 0
     try:
+        if hang:  # the test hook: a worker that never comes up
+            time.sleep(3600)
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, 0)
         os.dup2(devnull, 1)
         from dtok.pool import worker
 
-        worker.main(tok, prefix, index, config["worker_sessions"],
-                    f"dtok-pool[{name}] worker {index}", config.get("spin_us", 0))
+        worker.main(tok, config["prefix"], index, f"dtok-pool[{config['name']}] worker {index}",
+                    config.get("spin_us", 0))
     except BaseException:  # noqa: BLE001 - a worker must never return into the zygote's loop
         import traceback
 

@@ -1,0 +1,813 @@
+"""dtok.Pool: worker processes that encode for this process, exactly as the reference would.
+
+Requests enter queues in this process (:mod:`dtok.pool.scheduler`); an idle worker is given the
+better of its own queue's head (its sessions' tasks) and the shared queue's head (stateless
+requests and the chunks of long ones), the local one on a tie, and keeps it until done (a running
+encode is never interrupted). Text and IDs move through shared memory
+(:mod:`dtok.pool.channel`); a session's IDs stay in its own segment, which callers see through
+read-only views without a copy (:mod:`dtok.pool.session_table`). Workers are forked by a zygote
+(:mod:`dtok.pool.zygote_client`); a worker that dies, is killed on a timeout, or does not come up
+in time is replaced.
+
+Waiting: a synchronous ``encode`` whose task goes to a worker at once waits on that worker's
+response semaphore and harvests the answer itself (two wake-ups: the worker's and the
+caller's); everything else is answered by the dispatcher thread, which sleeps on the shared
+"done" semaphore. Nothing spins while the pool is idle.
+
+Any failure of the pool (an error, a worker's death, a timeout, shared memory that cannot be
+had) fails the request once, and it is encoded in this process on the route it would have taken
+without the pool — on a worker thread, never on the caller's event loop — so the IDs never
+depend on the pool.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+import threading
+import time
+import weakref
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Hashable
+
+import posix_ipc
+
+from dtok.pool import protocol as P
+from dtok.pool import shm
+from dtok.pool.channel import Channel, payload_bytes
+from dtok.pool.scheduler import Estimator, Queues
+from dtok.pool.session_table import PoolSession, SessionTable
+from dtok.pool.zygote_client import Resources, ZygoteClient
+from dtok.repair import Anchors, Outcome, PlanKnobs, next_anchors, plan_text
+from dtok.tokenizer import Tokenizer, chunk_count, chunk_cuts
+from dtok_ext.buffers import IdBuffer
+from dtok_ext.shm import utf8_length
+
+log = logging.getLogger("dtok")
+
+__all__ = ["Pool", "PoolError", "AGING"]
+
+#: Default aging of shortest-first keys, from the open-loop testbed (README, "Choosing aging"):
+#: with 1.0 (the paper's) appends behind a burst that takes seconds on a few workers waited for
+#: most of it; 0.01 kept their P99 under bursts ~40x lower on both encoders.
+AGING = 0.01
+_MAX_RESTARTS = 5  # replacements of one worker slot within a minute before it is left dead
+
+
+class PoolError(RuntimeError):
+    """The pool could not start, or was used after close()."""
+
+
+class Request:
+    __slots__ = ("future", "text", "special", "meta", "kind", "parts", "pending", "failed",
+                 "want_list", "waiter", "direct", "times")
+
+
+    def __init__(self, text, special, kind, want_list=False, waiter=None):
+        self.future: Future = Future()
+        self.text, self.special, self.kind = text, special, kind
+        self.meta: PoolSession | None = None
+        self.parts: list | None = None
+        self.pending = 0
+        self.failed = False
+        self.want_list = want_list
+        self.waiter = waiter  # thread id of a synchronous caller that may wait directly
+        self.direct: list[tuple[Channel, Task]] = []  # tasks that caller waits on itself
+        self.times = [time.monotonic()]  # submit, sent, picked, answered, harvested
+
+
+class Task:
+    __slots__ = ("op", "kind", "req", "text", "weight", "index", "seq", "key", "arrival",
+                 "sent_at", "plan", "table", "meta", "seg_gen", "old_seg_gen", "capacity",
+                 "old_n_body")
+
+    def __init__(self, op, kind, req, text, weight, index=0):
+        self.op, self.kind, self.req, self.text, self.weight, self.index = (
+            op, kind, req, text, weight, index)
+        self.seq = 0
+        self.key = 0.0
+        self.arrival = None  # ms since the pool started, set when first queued
+        self.sent_at = 0.0
+        self.plan = self.table = self.meta = None
+        self.seg_gen = self.old_seg_gen = self.capacity = self.old_n_body = 0
+
+
+def _key_bytes(key: Hashable) -> bytes:
+    if isinstance(key, bytes):
+        return key
+    if isinstance(key, str):
+        return key.encode("utf-8", "surrogatepass")
+    return repr(key).encode("utf-8", "surrogatepass")
+
+
+def _pss_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+def _tokenizer_bytes(tok: Tokenizer) -> bytes:
+    """The tokenizer for the zygote: the file's own bytes while they are unchanged on disk (or
+    bundled), else the loaded reference serialized (``admission.sha256`` still names the file,
+    as in ``Tokenizer.with_knobs``)."""
+    import gzip
+    import hashlib
+
+    path = Path(tok.files.path)
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        if hashlib.sha256(raw).hexdigest() == tok.admission.sha256:
+            return raw
+    except OSError:  # not a file: a tokenizer built from bytes
+        pass
+    return tok.tokenizer_json()
+
+
+def _positive_int(label: str, value) -> None:
+    if type(value) is not int or value < 1:
+        raise ValueError(f"{label} must be a positive int, got {value!r}")
+
+
+class Pool:
+    """Worker processes that encode for this process, exactly as the reference would.
+
+    >>> with Pool(workers=2) as pool:
+    ...     ids = pool.encode("Hello, world!")
+    ...     list(ids) == pool.tokenizer.reference.encode("Hello, world!").ids
+    True
+    """
+
+    _test_config: dict = {}  # private test hooks passed to the zygote
+
+    def __init__(self, tokenizer_or_path: Tokenizer | str | os.PathLike | None = None, *,
+                 workers: int | None = None, order: str = "sjf",
+                 chunk_threshold: int = 131072, chunk_target: int = 65536, max_chunks: int = 16,
+                 aging: float = AGING, request_timeout: float = 60.0,
+                 start_timeout: float = 300.0, worker_start_timeout: float = 15.0,
+                 name: str | None = None, max_sessions: int = 4096,
+                 session_bytes: int = 128 << 20, shm_bytes: int | None = None,
+                 spin_us: int = 200, chunks_per_worker: int = 1,
+                 stateless_queue: str = "shared") -> None:
+        if isinstance(tokenizer_or_path, Tokenizer):
+            self.tokenizer = tokenizer_or_path
+            worker_knobs = dict(tokenizer_or_path.knobs)
+        else:
+            self.tokenizer = (Tokenizer.default(encoder="reference") if tokenizer_or_path is None
+                              else Tokenizer.from_file(tokenizer_or_path, encoder="reference"))
+            worker_knobs = {"encoder": "auto"}
+        for label, value in (("chunk_threshold", chunk_threshold), ("chunk_target", chunk_target),
+                             ("max_chunks", max_chunks), ("max_sessions", max_sessions),
+                             ("session_bytes", session_bytes),
+                             ("chunks_per_worker", chunks_per_worker)):
+            _positive_int(label, value)
+        if shm_bytes is not None:
+            _positive_int("shm_bytes", shm_bytes)
+        if stateless_queue not in ("shared", "round_robin"):
+            raise ValueError("stateless_queue must be 'shared' or 'round_robin'")
+        self.n_workers = workers or max(1, len(os.sched_getaffinity(0)))
+        self.name = name or f"pool{os.getpid()}"
+        self.chunk_threshold, self.chunk_target, self.max_chunks = (
+            chunk_threshold, chunk_target, max_chunks)
+        self.request_timeout, self.start_timeout = float(request_timeout), float(start_timeout)
+        self.worker_start_timeout = float(worker_start_timeout)
+        self.spin_us = spin_us
+        self.chunks_per_worker = chunks_per_worker
+        self.stateless_queue = stateless_queue
+        self._rr = itertools.count()
+        self.estimator = Estimator(order, aging)
+        tk = self.tokenizer.knobs
+        self._plan_knobs = PlanKnobs(tk["scan_budget"][-1], tk["anchor_spacing"], tk["edit_budget"])
+        a = self.tokenizer.admission
+        self._prefix_ids, self._suffix_ids = a.prefix, a.suffix
+        self._lock = threading.RLock()
+        self._closed = False
+        self._t0 = time.monotonic()
+        self.prefix = shm.new_prefix()
+        if shm_bytes is None:  # most of /dev/shm, leaving room for others
+            cap = shm.shm_capacity()
+            shm_bytes = None if cap is None else max(64 << 20, cap * 3 // 4)
+        self._budget = shm.Budget(shm_bytes)
+        self.sessions = SessionTable(self.prefix, self._budget, len(a.prefix), len(a.suffix),
+                                     max_sessions, session_bytes)
+        self._here = self.tokenizer.with_knobs(content_lookup=False)  # failover route
+        self._failover = ThreadPoolExecutor(2, thread_name_prefix="dtok-pool-failover")
+        self._counts = dict(requests=0, stateless=0, chunked=0, chunks=0, session_hits=0,
+                            session_repairs=0, session_edits=0, session_inits=0,
+                            plan_failures=0, failovers=0, timeouts=0, worker_deaths=0,
+                            replacements=0, errors=0, in_process=0, shm_full=0)
+        self._res = Resources(self.prefix)
+        self._finalizer = weakref.finalize(self, self._res.release)
+        self._threads: list[threading.Thread] = []
+        self._channels: list[Channel] = []
+        self._restarts: dict[int, list[float]] = {}
+        self._ready = threading.Condition(self._lock)
+        self.zygote: ZygoteClient | None = None
+        self._done_sem = None
+        self.encoder_name = None
+        self.trace: list | None = None  # set to a list to record per-request timestamps
+        if not a.admitted:  # not admitted: every request is encoded here by the reference
+            self.n_workers = 0
+            self.queues = Queues(self.estimator, 0, self._t0)
+            return
+        self.queues = Queues(self.estimator, self.n_workers, self._t0)
+        shm.sweep_stale()
+        try:
+            self._start(worker_knobs)
+        except BaseException:
+            self.close()
+            raise
+
+    # --- startup and worker lifecycle -------------------------------------------------------
+
+    def _start(self, worker_knobs: dict) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        self._res.lock_fd = shm.hold_owner_lock(self.prefix, create=True)
+        self._done_sem = shm.semaphore(P.done_sem_name(self.prefix), create=True)
+        try:
+            self._channels = [Channel(self.prefix, i, self._budget) for i in range(self.n_workers)]
+        except shm.ShmFull as exc:
+            raise PoolError(f"no shared memory for the pool's workers: {exc}") from None
+        files = self.tokenizer.files
+        knobs = {**worker_knobs, "threads": 1, "content_lookup": False,
+                 "chunk_threshold": self.chunk_threshold, "chunk_target": self.chunk_target,
+                 "max_chunks": self.max_chunks, "scan_budget": list(self.tokenizer.knobs["scan_budget"])}
+        config = {"prefix": self.prefix, "name": self.name, "path": str(files.path),
+                  "config": files.config, "sha256": self.tokenizer.admission.sha256,
+                  "knobs": knobs, "spin_us": self.spin_us, **self._test_config}
+        try:
+            self.zygote = ZygoteClient(self._res, config, _tokenizer_bytes(self.tokenizer))
+            loaded = self.zygote.wait_loaded(deadline)
+        except TimeoutError:
+            raise PoolError(f"pool did not start within start_timeout {self.start_timeout} s") \
+                from None
+        except (RuntimeError, shm.ShmFull) as exc:
+            raise PoolError(str(exc)) from None
+        self.encoder_name = loaded["encoder"]
+        self.estimator.start(self.encoder_name)
+        for ch in self._channels:
+            self._launch(ch)
+        for target, label in ((self._dispatch_loop, "dispatch"), (self._zygote_loop, "zygote")):
+            t = threading.Thread(target=target, name=f"dtok-pool-{label}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        with self._ready:
+            while not all(ch.alive for ch in self._channels):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    raise PoolError(f"pool did not start within start_timeout "
+                                    f"{self.start_timeout} s")
+                self._ready.wait(min(left, 0.5))
+
+    def _launch(self, ch: Channel) -> None:
+        """Ask the zygote for a (new) worker in this slot (caller holds the lock or starts)."""
+        ch.restart()
+        ch.starts += 1
+        ch.ready_by = time.monotonic() + self.worker_start_timeout
+        self.zygote.fork(ch.index)
+
+    def _check_starting(self) -> None:
+        """Starting workers: ready ones go live; one not ready in time is killed (and replaced
+        when the zygote reports its death)."""
+        now = time.monotonic()
+        for ch in self._channels:
+            if ch.alive or not ch.ready_by:
+                continue
+            if ch.pid and ch.control.ready and ch.control.pid == ch.pid:
+                ch.alive, ch.ready_by = True, 0.0
+                self._ready.notify_all()
+            elif now > ch.ready_by and ch.pid:
+                log.warning("dtok pool: worker %d (pid %d) did not come up in %.0f s; killed",
+                            ch.index, ch.pid, self.worker_start_timeout)
+                ch.ready_by = 0.0
+                try:
+                    os.kill(ch.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self._assign()
+
+    def _on_death(self, index: int, replace: bool = True) -> None:
+        """A worker died (or was killed): fail its task over, re-home its queue, replace it."""
+        ch = self._channels[index]
+        was_alive = ch.alive
+        ch.alive, ch.ready_by = False, 0.0
+        if was_alive:
+            self._counts["worker_deaths"] += 1
+            log.warning("dtok pool: worker %d (pid %d) died", index, ch.pid)
+        if ch.task is not None:
+            task, ch.task = ch.task, None
+            self._task_dropped(task)
+            self._fail(task.req, f"worker {index} died")
+        for meta in self.sessions.values():
+            if meta.known_by == index:
+                meta.known_by = None
+        if self._closed:
+            return
+        now = time.monotonic()
+        recent = [t for t in self._restarts.get(index, []) if now - t < 60] + [now]
+        self._restarts[index] = recent
+        if replace and len(recent) <= _MAX_RESTARTS:
+            self._counts["replacements"] += 1
+            self._launch(ch)
+        else:
+            log.warning("dtok pool: worker slot %d keeps failing; left empty", index)
+        for task in self.queues.drain(index):  # any worker can serve a session
+            self._push_task(task)
+        self._assign()
+
+    # --- public API -------------------------------------------------------------------------
+
+    def encode(self, text: str, *, session: Hashable | None = None,
+               add_special_tokens: bool = True) -> memoryview:
+        """IDs of text, exactly as the reference; see :meth:`submit`. The calling thread waits on
+        the worker's response directly when its task goes to a worker at once."""
+        return self._wait(self._submit(text, session, add_special_tokens, False,
+                                       threading.get_ident()))
+
+    def encode_list(self, text: str, *, session: Hashable | None = None,
+                    add_special_tokens: bool = True) -> list[int]:
+        """:meth:`encode` as a ``list[int]`` (what serving engines take). For a session the list
+        is kept and updated for the changed IDs only; a list handed out earlier never changes
+        while it is held (see :class:`dtok_ext.buffers.IdList`)."""
+        return self._wait(self._submit(text, session, add_special_tokens, True,
+                                       threading.get_ident()))
+
+    def submit(self, text: str, *, session: Hashable | None = None,
+               add_special_tokens: bool = True) -> Future:
+        """Queue a request; the Future's result is a read-only int32 memoryview.
+
+        With ``session=key`` the request goes to the key's home worker and only what changed
+        travels (a plan of reused stretches and new text). Long stateless texts are cut into
+        chunks that any worker may take."""
+        return self._submit(text, session, add_special_tokens, False, None).future
+
+    async def encode_async(self, text: str, *, session: Hashable | None = None,
+                           add_special_tokens: bool = True) -> memoryview:
+        """:meth:`encode` for an event loop: the loop never waits behind an encode."""
+        return await asyncio.wrap_future(self.submit(text, session=session,
+                                                     add_special_tokens=add_special_tokens))
+
+    async def encode_list_async(self, text: str, *, session: Hashable | None = None,
+                                add_special_tokens: bool = True) -> list[int]:
+        """:meth:`encode_list` for an event loop."""
+        req = self._submit(text, session, add_special_tokens, True, None)
+        return await asyncio.wrap_future(req.future)
+
+    def _wait(self, req: Request):
+        """A synchronous caller waits for its tasks that went to workers from its own thread on
+        those workers' response semaphores, and harvests them itself (the chunks of a long text
+        too); what the dispatcher sent, the dispatcher answers through the future."""
+        while not req.future.done() and not self._closed:
+            with self._lock:
+                req.direct = [(ch, t) for ch, t in req.direct if ch.task is t]
+                if not req.direct:
+                    break
+                ch, task = req.direct[0]
+            left = task.sent_at + self.request_timeout - time.monotonic()
+            try:
+                ch.resp_sem.acquire(min(0.5, max(0.0, left)))
+            except posix_ipc.BusyError:
+                pass
+            with self._lock:
+                if ch.task is task and ch.answered():
+                    self._harvest_one(ch)
+                    self._assign()  # a next chunk sent from here is waited on here too
+                elif left <= 0:
+                    self._check_timeouts()
+        req.direct = []  # the tasks refer to the request: no cycle keeps its result alive
+        return req.future.result()
+
+    def stats(self) -> dict[str, Any]:
+        """Workers (pid, alive, busy, tasks done, PSS), queues, counters, estimates, shared
+        memory in use."""
+        with self._lock:
+            shared, local = self.queues.sizes()
+            workers = [{"index": ch.index, "pid": ch.pid, "alive": ch.alive,
+                        "busy": ch.task is not None, "tasks_done": ch.done, "starts": ch.starts,
+                        "queued_local": local[ch.index]} for ch in self._channels]
+            out = {"name": self.name, "prefix": self.prefix, "encoder": self.encoder_name,
+                   "order": self.estimator.order, "aging": self.estimator.aging,
+                   "workers": workers, "queued_shared": shared,
+                   "sessions": len(self.sessions), "session_bytes": self.sessions.bytes_used,
+                   "shm_bytes": self._budget.used, "shm_limit": self._budget.limit,
+                   **self._counts, "per_char_ms": dict(self.estimator.b)}
+        for w in out["workers"]:
+            w["pss_mb"] = _pss_mb(w["pid"]) if w["alive"] else None
+        zpid = self.zygote_pid
+        out["zygote_pss_mb"] = _pss_mb(zpid) if zpid else None
+        return out
+
+    @property
+    def zygote_pid(self) -> int | None:
+        return self.zygote.pid if self.zygote is not None else None
+
+    def close(self) -> None:
+        """Stop the workers and the zygote; unlink every segment and semaphore of the pool.
+
+        Views returned earlier stay valid (their mappings live until they are released)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for task in self.queues.drain():
+                self._cancel(task.req)
+            for meta in self.sessions.values():
+                for req in meta.queue:
+                    self._cancel(req)
+                meta.queue.clear()
+            self._ready.notify_all()
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and any(ch.task for ch in self._channels if ch.alive):
+            time.sleep(0.005)
+        with self._lock:
+            for ch in self._channels:
+                if ch.alive and ch.task is None:
+                    ch.exit()
+                elif ch.task is not None:
+                    self._fail(ch.task.req, "pool closed")
+        if self.zygote is not None:
+            self.zygote.exit()
+            self.zygote.wait(10)
+        if self._done_sem is not None:
+            self._done_sem.release()  # wake the dispatcher
+        for t in self._threads:
+            t.join(5)
+        with self._lock:
+            self.sessions.close()
+            for ch in self._channels:
+                ch.alive = False
+                ch.close()
+        self._failover.shutdown(wait=True)
+        self._finalizer()  # unlink every name of the pool (idempotent)
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- routing (caller holds the lock) ----------------------------------------------------
+
+    def _submit(self, text, session, special, want_list, waiter) -> Request:
+        if self._closed:
+            raise PoolError("the pool is closed")
+        req = Request(text, special, "session" if session is not None else "stateless",
+                      want_list, waiter)
+        if type(text) is not str or type(special) is not bool or not self._channels:
+            self._in_process(req, inline=waiter is not None)
+            return req
+        with self._lock:
+            if not any(ch.alive or ch.ready_by for ch in self._channels):
+                self._in_process(req, inline=waiter is not None)
+                return req
+            self._counts["requests"] += 1
+            if session is not None:
+                meta = self.sessions.get(session)
+                req.meta = meta
+                meta.queue.append(req)
+                self._start_session_request(meta)
+            elif len(text) >= self.chunk_threshold:
+                self._submit_chunked(req)
+            else:
+                self._counts["stateless"] += 1
+                self._push_stateless(Task(P.OP_ENCODE, "stateless", req, text,
+                                          self.estimator.weight(text)))
+            self._assign()
+        return req
+
+    def _live(self) -> list[Channel]:
+        return [ch for ch in self._channels if ch.alive]
+
+    def _home(self, meta: PoolSession) -> int | None:
+        slots = [ch for ch in self._channels if ch.alive or ch.ready_by]
+        if not slots:
+            return None
+        return slots[zlib.crc32(_key_bytes(meta.key)) % len(slots)].index
+
+    def _push_task(self, task: Task) -> None:
+        if task.meta is not None:
+            home = self._home(task.meta)
+            if home is None:
+                self._task_dropped(task)
+                self._fail(task.req, "no live worker")
+                return
+            self.queues.push(home, task, time.monotonic())
+        else:
+            self._push_stateless(task)
+
+    def _push_stateless(self, task: Task) -> None:
+        """A whole stateless request or a chunk: the shared queue, or (the per-worker FIFO design
+        of the scheduling comparison) the next live worker's own queue, round robin."""
+        live = self._live()
+        worker = None
+        if self.stateless_queue == "round_robin" and live and task.kind == "stateless":
+            worker = live[next(self._rr) % len(live)].index
+        self.queues.push(worker, task, time.monotonic())
+
+    def _submit_chunked(self, req: Request) -> None:
+        text = req.text
+        live = max(1, len(self._live()))
+        k = min(chunk_count(len(text), self.chunk_target, self.max_chunks),
+                live * self.chunks_per_worker)
+        cuts = chunk_cuts(self.tokenizer.rules, text, k, self.tokenizer.knobs["scan_budget"])
+        if not cuts:
+            self._counts["stateless"] += 1
+            self._push_stateless(Task(P.OP_ENCODE, "stateless", req, text,
+                                      self.estimator.weight(text)))
+            return
+        req.kind = "chunked"
+        bounds = [0, *cuts, len(text)]
+        req.parts = [None] * (len(bounds) - 1)
+        req.pending = len(req.parts)
+        self._counts["chunked"] += 1
+        self._counts["chunks"] += len(req.parts)
+        for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            piece = text[a:b]
+            self._push_stateless(Task(P.OP_ENCODE, "chunk", req, piece,
+                                      self.estimator.weight(piece), index=i))
+
+    def _start_session_request(self, meta: PoolSession) -> None:
+        """Start the oldest queued request of a session, unless one is in flight (a session's
+        requests run one at a time, in order)."""
+        while meta.inflight is None and meta.queue:
+            req = meta.queue.popleft()
+            plan = self._plan(meta.text, meta.anchors, req.text)
+            if plan.kind == "hit":
+                self._counts["session_hits"] += 1
+                self._resolve_session(req, meta, len(meta.ids))
+                continue
+            try:
+                task = self._session_task(meta, req, plan)
+            except shm.ShmFull as exc:
+                self._shm_full(req, exc)
+                continue
+            meta.inflight = req
+            self._push_task(task)
+            return
+
+    def _plan(self, old: str | None, anchors, text: str):
+        return plan_text(self.tokenizer.rules, old, anchors, text, self._plan_knobs,
+                         self.tokenizer.bodies.chunk_cuts)
+
+    def _session_task(self, meta: PoolSession, req: Request, plan) -> Task:
+        table, joined = P.plan_table(plan)
+        fresh = sum(utf8_length(t) for t in plan.texts)
+        old_n = meta.n_body if plan.kind != "encode" else 0
+        bound = P.max_ids(fresh, len(self._prefix_ids) + len(self._suffix_ids)) + old_n
+        task = Task(P.OP_SESSION, "init" if plan.kind == "encode" else "append", req, joined,
+                    self.estimator.weight(joined))
+        task.plan, task.table, task.meta, task.old_n_body = plan, table, meta, old_n
+        try:
+            task.seg_gen, task.old_seg_gen, task.capacity = self.sessions.target(meta, plan, bound)
+        except shm.ShmFull:
+            self._make_room()
+            task.seg_gen, task.old_seg_gen, task.capacity = self.sessions.target(meta, plan, bound)
+        return task
+
+    # --- dispatch (caller holds the lock) ---------------------------------------------------
+
+    def _assign(self) -> None:
+        for ch in self._channels:
+            while ch.alive and ch.task is None:
+                task = self.queues.pop_for(ch.index)
+                if task is None:
+                    break
+                if task.req.failed:
+                    self._task_dropped(task)
+                    continue
+                self._send(ch, task)
+
+    def _send(self, ch: Channel, task: Task) -> None:
+        result = 4 * P.max_ids(utf8_length(task.text), 0) if task.op == P.OP_ENCODE else \
+            8 * (2 * len(task.plan.ops) + len(task.plan.texts) + 4)
+        try:
+            ch.reserve(payload_bytes(task, len(ch.drops)), result)
+        except shm.ShmFull as exc:
+            self._task_dropped(task)
+            self._shm_full(task.req, exc)
+            return
+        req = task.req
+        direct = req.waiter == threading.get_ident()
+        if direct:
+            req.direct.append((ch, task))
+        task.sent_at = time.monotonic()
+        req.times.append(task.sent_at)
+        ch.send(task, wake_caller=direct)
+
+    def _harvest(self) -> None:
+        for ch in self._channels:
+            if ch.alive and ch.answered():
+                self._harvest_one(ch)
+
+    def _harvest_one(self, ch: Channel) -> None:
+        task, ch.task = ch.task, None
+        ch.done += 1
+        c = ch.control
+        task.req.times += [c.picked_at, c.answered_at, time.monotonic()]
+        if self.estimator.observe(task.kind, task.weight, c.service_ms):
+            self.queues.rekey()
+        self._complete(ch, task)
+
+    def _complete(self, ch: Channel, task: Task) -> None:
+        c = ch.control
+        req = task.req
+        status = c.status
+        if status == P.ST_ERROR:
+            self._counts["errors"] += 1
+            self._task_dropped(task)
+            self._fail(req, c.error)
+            return
+        if task.op == P.OP_ENCODE:
+            if req.failed:
+                return
+            affix = (self._prefix_ids, self._suffix_ids) if req.special else ((), ())
+            if req.kind != "chunked":
+                ids = memoryview(ch.result.map)[: 4 * c.n_ids].cast("i")
+                try:
+                    out = IdBuffer.concat((ids,), *affix)
+                finally:
+                    ids.release()
+                self._resolve(req, memoryview(out))
+                return
+            req.parts[task.index] = ch.encoded_ids()
+            req.pending -= 1
+            if req.pending == 0:
+                self._resolve(req, memoryview(IdBuffer.concat(req.parts, *affix)))
+            return
+        meta = task.meta
+        if status == P.ST_PLAN_FAILED:  # never expected: encode it whole
+            self._counts["plan_failures"] += 1
+            log.warning("dtok pool: a session plan failed (%s); encoding whole", c.error)
+            self._task_dropped(task)
+            try:
+                retry = self._session_task(meta, req, self._plan(None, None, req.text))
+            except shm.ShmFull as exc:
+                self._shm_full(req, exc)
+                return
+            self.queues.push(ch.index, retry, time.monotonic())
+            return
+        resolved, counts = ch.report()
+        outcome = Outcome(c.keep - len(self._prefix_ids), [], resolved, counts)
+        anchors = next_anchors(task.plan, outcome, meta.anchors or Anchors(),
+                               self.tokenizer.rules.context, self._plan_knobs.spacing)
+        self.sessions.accept(meta, task.seg_gen, task.capacity, req.text, c.n_ids, anchors,
+                             ch.index)
+        kind = {"encode": "session_inits", "append": "session_repairs",
+                "edit": "session_edits"}[task.plan.kind]
+        self._counts[kind] += 1
+        self._resolve_session(req, meta, c.keep if task.plan.kind != "encode" else 0)
+        meta.inflight = None
+        self._start_session_request(meta)
+        for victim in self.sessions.victims():
+            self._drop_session(victim)
+
+    def _resolve_session(self, req: Request, meta: PoolSession, keep: int) -> None:
+        if req.want_list:
+            self._resolve(req, self.sessions.as_list(meta, req.special, keep))
+        else:
+            self._resolve(req, self.sessions.view(meta, req.special))
+
+    def _resolve(self, req: Request, value) -> None:
+        if req.want_list and not isinstance(value, list):
+            value = value.tolist()
+        if self.trace is not None:
+            self.trace.append((req.kind, *req.times))
+        if not req.future.done():
+            req.future.set_result(value)
+
+    def _task_dropped(self, task: Task) -> None:
+        """A task that will not complete: release a segment created for it."""
+        if task.meta is not None and task.seg_gen != task.old_seg_gen:
+            self.sessions.drop_pending(task.meta, task.seg_gen)
+
+    def _drop_session(self, meta: PoolSession) -> None:
+        if meta.known_by is not None and self._channels[meta.known_by].alive:
+            self._channels[meta.known_by].drops.append(meta.sid)
+        self.sessions.drop(meta)
+
+    def _make_room(self) -> None:
+        """Shared memory ran out: drop the least recently used idle session."""
+        for victim in self.sessions.victims(force=True):
+            self._drop_session(victim)
+
+    # --- failure ------------------------------------------------------------------------------
+
+    def _cancel(self, req: Request) -> None:
+        if not req.future.done():
+            req.failed = True
+            req.future.set_exception(PoolError("the pool was closed before this request ran"))
+
+    def _shm_full(self, req: Request, exc: Exception) -> None:
+        self._counts["shm_full"] += 1
+        self._fail(req, f"shared memory: {exc}")
+
+    def _fail(self, req: Request, reason: str) -> None:
+        """The first failure of a request: encode it in this process (on a worker thread),
+        exactly; drop its other answers. A session's state is dropped unless the failure came
+        before the workers touched it."""
+        if req.failed or req.future.done():
+            return
+        req.failed = True
+        self._counts["failovers"] += 1
+        log.warning("dtok pool: request failed over to in-process encoding: %s", reason)
+        meta = req.meta
+        if meta is not None and not reason.startswith("shared memory"):
+            self.sessions.reset(meta)
+
+        def run():
+            try:
+                self._resolve(req, self._encode_here(req.text, req.special))
+            except BaseException as exc:  # noqa: BLE001 - the reference's own error
+                req.future.set_exception(exc)
+            finally:
+                if meta is not None:
+                    with self._lock:
+                        if meta.inflight is req:
+                            meta.inflight = None
+                        self._start_session_request(meta)
+
+        self._failover.submit(run)
+
+    def _encode_here(self, text, special):
+        """The in-process route (no session state): the request's exact IDs, or the
+        reference's own exception."""
+        return self._here.encode(text, add_special_tokens=special)
+
+    def _in_process(self, req: Request, inline: bool) -> None:
+        """No worker for this request: encode it here — inline for a synchronous caller, on a
+        worker thread otherwise (an event loop must never wait behind an encode)."""
+        self._counts["in_process"] += 1
+
+        def run():
+            try:
+                self._resolve(req, self._encode_here(req.text, req.special))
+            except BaseException as exc:  # noqa: BLE001
+                req.future.set_exception(exc)
+
+        if inline:
+            run()
+        else:
+            self._failover.submit(run)
+
+    def _check_timeouts(self) -> None:
+        now = time.monotonic()
+        for ch in self._channels:
+            if ch.alive and ch.task is not None and now - ch.task.sent_at > self.request_timeout:
+                self._counts["timeouts"] += 1
+                try:
+                    os.kill(ch.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self._on_death(ch.index)
+
+    # --- background threads ---------------------------------------------------------------
+
+    def _dispatch_loop(self) -> None:
+        while not self._closed:
+            try:
+                self._done_sem.acquire(1.0)  # idle: one wake-up a second, no spinning
+            except posix_ipc.BusyError:
+                pass
+            except posix_ipc.ExistentialError:
+                return
+            with self._lock:
+                if self._closed:
+                    return
+                self._harvest()
+                self._check_timeouts()
+                self._check_starting()
+                self.sessions.reap()
+
+    def _zygote_loop(self) -> None:
+        events = self.zygote.events
+        while True:
+            try:
+                ev = events.read()
+            except (OSError, ValueError):
+                ev = None
+            if ev is None:
+                break
+            with self._lock:
+                if ev.get("event") == "started":
+                    self._channels[ev["index"]].pid = ev["pid"]
+                elif ev.get("event") == "dead":
+                    ch = self._channels[ev["index"]]
+                    if ch.pid == ev["pid"]:
+                        log.warning("dtok pool: worker %d exit status %s", ev["index"], ev.get("status"))
+                        self._harvest()  # it may have answered before dying
+                        self._on_death(ev["index"])
+                elif ev.get("event") == "error":
+                    log.warning("dtok pool: zygote: %s", ev.get("error"))
+        with self._lock:  # the zygote is gone: so are the workers, and none can be replaced
+            if not self._closed:
+                for ch in self._channels:
+                    self._on_death(ch.index, replace=False)
+            self._ready.notify_all()

@@ -1,0 +1,197 @@
+"""The pool's sessions, held by the front end: each session's text and anchors, and its IDs in a
+shared-memory segment that callers see through read-only views without a copy.
+
+Copy on write: a worker writes a session's next IDs into its current segment only when the
+plan changes nothing but the IDs after a kept prefix *and* no view of the segment is alive;
+otherwise into a fresh segment, and the old one is retired (unlinked at once, unmapped when its
+last view is released). So a view handed to a caller never changes.
+"""
+from __future__ import annotations
+
+import sys
+from collections import OrderedDict, deque
+from typing import Hashable
+
+from dtok.pool import protocol as P
+from dtok.pool import shm
+from dtok.repair import Anchors, Plan
+from dtok_ext.buffers import IdList
+from dtok_ext.shm import MappedIds
+
+
+class PoolSession:
+    __slots__ = ("key", "sid", "text", "anchors", "n_body", "gen", "seg", "ids", "capacity",
+                 "queue", "inflight", "nbytes", "lists", "known_by")
+
+    def __init__(self, key: Hashable, sid: int) -> None:
+        self.key, self.sid = key, sid
+        self.text: str | None = None
+        self.anchors: Anchors | None = None
+        self.n_body = 0
+        self.gen = 0
+        self.seg: shm.Segment | None = None
+        self.ids: MappedIds | None = None
+        self.capacity = 0  # ints
+        self.queue: deque = deque()
+        self.inflight = None  # the request whose task is queued or running
+        self.nbytes = 0
+        self.lists: dict[bool, IdList] = {}  # per add_special_tokens: the list handed out
+        self.known_by: int | None = None  # the worker that last mapped its segment
+
+
+class SessionTable:
+    """Sessions by key, least recently used first; bounded by ``max_sessions`` and
+    ``session_bytes`` (text, IDs, anchors and lists)."""
+
+    def __init__(self, prefix: str, budget: shm.Budget, n_prefix: int, n_suffix: int,
+                 max_sessions: int, session_bytes: int) -> None:
+        self.prefix = prefix
+        self.budget = budget
+        self.n_prefix, self.n_suffix = n_prefix, n_suffix
+        self.max_sessions = max_sessions
+        self.session_bytes = session_bytes
+        self.bytes_used = 0
+        self._by_key: OrderedDict[Hashable, PoolSession] = OrderedDict()
+        self._next_sid = 1
+        self._pending: dict[tuple[int, int], shm.Segment] = {}  # (sid, gen) -> segment in flight
+        self._retired: list[tuple[shm.Segment, MappedIds | None]] = []
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def get(self, key: Hashable) -> PoolSession:
+        meta = self._by_key.get(key)
+        if meta is None:
+            meta = self._by_key[key] = PoolSession(key, self._next_sid)
+            self._next_sid += 1
+        return meta
+
+    def values(self):
+        return list(self._by_key.values())
+
+    # --- segments -------------------------------------------------------------------------
+
+    def target(self, meta: PoolSession, plan: Plan, bound: int) -> tuple[int, int, int]:
+        """(segment generation to write, generation holding the current IDs or 0, capacity in
+        ints) for a task whose new IDs are at most ``bound``: the current segment when the plan
+        may be done in place, nothing holds a view and it fits; else a fresh one (ShmFull if it
+        cannot be made)."""
+        old = meta.gen if meta.seg is not None and meta.text is not None else 0
+        if (old and plan.kind != "encode" and plan.in_place and bound <= meta.capacity
+                and (meta.ids is None or meta.ids.exports == 0)):
+            return old, old, meta.capacity
+        capacity = bound + max(4096, bound >> 3)  # room for appends before a new segment
+        gen = meta.gen + 1
+        while (meta.sid, gen) in self._pending:
+            gen += 1
+        seg = shm.Segment(P.session_name(self.prefix, meta.sid, gen), 4 * capacity, True,
+                          self.budget)
+        self._pending[(meta.sid, gen)] = seg
+        return gen, old if plan.kind != "encode" else 0, capacity
+
+    def accept(self, meta: PoolSession, gen: int, capacity: int, text: str, n_body: int,
+               anchors: Anchors, worker: int) -> None:
+        """A task's result becomes the session's state."""
+        if gen != meta.gen or meta.seg is None:
+            self.retire(meta)
+            meta.seg = self._pending.pop((meta.sid, gen))
+            meta.gen = gen
+            meta.ids = MappedIds(meta.seg.map, capacity)
+            meta.capacity = capacity
+        meta.text, meta.n_body, meta.anchors, meta.known_by = text, n_body, anchors, worker
+        meta.ids.length = self.n_prefix + n_body + self.n_suffix
+        self._account(meta)
+        self._by_key.move_to_end(meta.key)
+
+    def drop_pending(self, meta: PoolSession, gen: int) -> None:
+        """A task that will not complete: release the segment made for it."""
+        seg = self._pending.pop((meta.sid, gen), None)
+        if seg is not None:
+            seg.close()
+            seg.unlink()
+
+    def view(self, meta: PoolSession, special: bool) -> memoryview:
+        if special:
+            return meta.ids.view()
+        return meta.ids.view(self.n_prefix, meta.ids.length - self.n_suffix)
+
+    def as_list(self, meta: PoolSession, special: bool, keep: int) -> list:
+        """The session's IDs as a list, updated in O(changed) (``keep``: leading IDs, prefix
+        included, unchanged since the last update)."""
+        lst = meta.lists.get(special)
+        if lst is None:
+            lst = meta.lists[special] = IdList()
+            keep = 0
+        view = self.view(meta, special)
+        try:
+            out = lst.update(view, keep if special else max(0, keep - self.n_prefix))
+        finally:
+            view.release()
+        self._account(meta)
+        return out
+
+    def reset(self, meta: PoolSession) -> None:
+        """Forget a session's state (its IDs may be half written)."""
+        self.retire(meta)
+        meta.text, meta.anchors, meta.n_body, meta.known_by = None, None, 0, None
+        meta.lists.clear()
+
+    def retire(self, meta: PoolSession) -> None:
+        if meta.seg is not None:
+            meta.seg.unlink()
+            self._retired.append((meta.seg, meta.ids))
+            meta.seg, meta.ids, meta.capacity = None, None, 0
+        self.reap()
+
+    def reap(self, force: bool = False) -> None:
+        keep = []
+        for seg, ids in self._retired:
+            if ids is not None and ids.exports:
+                if not force:
+                    keep.append((seg, ids))
+                continue  # a caller still holds a view: the mapping lives as long as it does
+            if ids is not None:
+                ids.release()
+            seg.close()
+        self._retired = keep
+
+    # --- bounds ---------------------------------------------------------------------------
+
+    def _account(self, meta: PoolSession) -> None:
+        size = (sys.getsizeof(meta.text) if meta.text is not None else 0) \
+            + (4 * meta.ids.length if meta.ids is not None else 0) \
+            + (meta.anchors.nbytes if meta.anchors is not None else 0) \
+            + sum(lst.nbytes for lst in meta.lists.values())
+        self.bytes_used += size - meta.nbytes
+        meta.nbytes = size
+
+    def drop(self, meta: PoolSession) -> None:
+        self._by_key.pop(meta.key, None)
+        self.bytes_used -= meta.nbytes
+        meta.nbytes = 0
+        self.reset(meta)
+
+    def victims(self, force: bool = False) -> list[PoolSession]:
+        """Idle sessions to drop, least recently used first: while over the bounds (or, with
+        ``force``, one, to make room in shared memory)."""
+        out = []
+        over_n = len(self._by_key) - self.max_sessions
+        over_b = self.bytes_used - self.session_bytes
+        for meta in self._by_key.values():
+            if not (over_n > 0 or over_b > 0 or (force and not out)):
+                break
+            if meta.inflight is not None or meta.queue:
+                continue
+            out.append(meta)
+            over_n -= 1
+            over_b -= meta.nbytes
+        return out
+
+    def close(self) -> None:
+        for meta in self.values():
+            self.drop(meta)
+        for seg in self._pending.values():
+            seg.close()
+            seg.unlink()
+        self._pending.clear()
+        self.reap(force=True)

@@ -1,0 +1,139 @@
+"""The front end's side of the zygote: start it with the tokenizer's bytes (on its stdin), read its events, ask
+it to fork (or replace) workers, and clean up whatever happens to the front end.
+
+Events are JSON lines read from the zygote's stdout through :class:`EventReader`, which keeps
+its own buffer: a buffered file object may swallow two lines in one read, after which ``select``
+on the pipe waits for data that has already arrived (that is how a pool start once hung until
+``start_timeout``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+
+from dtok.pool import protocol as P
+from dtok.pool import shm
+
+
+#: The zygote must hold no thread but its own when it forks (a thread's locks would be copied
+#: held): every library it loads is kept single-threaded, from the start of the process (numpy's
+#: OpenBLAS starts a thread when it is imported).
+ZYGOTE_ENV = {"FASTOKENS_BPE_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+              "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+              "RAYON_NUM_THREADS": "1"}
+
+
+class EventReader:
+    """JSON lines from a pipe, with a deadline per event."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._buf = b""
+
+    def read(self, deadline: float = float("inf")) -> dict | None:
+        """The next event; None at end of file; TimeoutError past the deadline."""
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no event from the zygote before the deadline")
+            ready, _, _ = select.select([self.fd], [], [], min(left, 1.0))
+            if ready:
+                chunk = os.read(self.fd, 65536)
+                if not chunk:
+                    return None
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+
+class Resources:
+    """What must be cleaned up even if the Pool object is never closed (atexit, GC)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.zygote: subprocess.Popen | None = None
+        self.loaded = False  # the zygote has workers to stop only once it has loaded
+        self.lock_fd: int | None = None
+
+    def release(self) -> None:
+        z = self.zygote
+        if z is not None and z.poll() is None:
+            try:
+                if not self.loaded:
+                    z.kill()  # still loading the tokenizer: nothing of its own to clean up
+                else:
+                    z.stdin.close()  # the zygote kills the workers and unlinks everything
+                z.wait(10)
+            except Exception:  # noqa: BLE001
+                z.kill()
+                z.wait()
+        shm.unlink_prefix(self.prefix)
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
+
+
+class ZygoteClient:
+    """Start the zygote and talk to it."""
+
+    def __init__(self, res: Resources, config: dict, tokenizer_json: bytes) -> None:
+        self.res = res
+        config = {**config, "tokenizer_bytes": len(tokenizer_json),
+                  "done_sem": P.done_sem_name(res.prefix)}
+        env = {**os.environ, **ZYGOTE_ENV}
+        env.pop("FASTOKENS_INPUT_CACHE", None)
+        env.pop("FASTOKENS_SEGMENT_CACHE", None)
+        z = subprocess.Popen([sys.executable, "-m", "dtok.pool.zygote"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, env=env, close_fds=True, bufsize=0)
+        res.zygote = z
+        self.events = EventReader(z.stdout.fileno())
+        try:  # the configuration line, then the tokenizer's bytes (not /dev/shm: it may be small)
+            z.stdin.write((json.dumps(config) + "\n").encode())
+            z.stdin.write(tokenizer_json)
+            z.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # the zygote died: wait_loaded says so
+
+    def wait_loaded(self, deadline: float) -> dict:
+        """The zygote's "loaded" event (its encoder and pid)."""
+        event = self.events.read(deadline)
+        if event is None:
+            raise RuntimeError("the pool's zygote exited while loading the tokenizer")
+        if event.get("event") != "loaded":
+            raise RuntimeError(f"pool workers could not load the tokenizer: {event.get('error')}")
+        self.res.loaded = True
+        return event
+
+    def send(self, msg: dict) -> None:
+        z = self.res.zygote
+        if z is not None and z.poll() is None:
+            try:
+                z.stdin.write((json.dumps(msg) + "\n").encode())
+                z.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                pass
+
+    def fork(self, index: int) -> None:
+        self.send({"cmd": "fork", "index": index})
+
+    def exit(self) -> None:
+        self.send({"cmd": "exit"})
+
+    def wait(self, timeout: float) -> None:
+        z = self.res.zygote
+        if z is None:
+            return
+        try:
+            z.wait(timeout)
+        except subprocess.TimeoutExpired:
+            z.kill()
+            z.wait()
+
+    @property
+    def pid(self) -> int | None:
+        z = self.res.zygote
+        return z.pid if z is not None else None

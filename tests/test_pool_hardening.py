@@ -1,0 +1,288 @@
+"""The pool under failure: starts that never hang, workers replaced, no SIGBUS on a small
+/dev/shm, never an encode on the caller's event loop, edits through the pool."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import dtok
+from conftest import ROOT, load_tokenizer, read_text, ref_ids, ref_ids_many, shared_path
+from dtok.admission import TokenizerFiles
+from dtok.chat import reasoning_chat, render_reasoning
+from dtok.cli import demo_text
+from dtok.pool import Pool, shm
+from dtok.pool.zygote_client import EventReader
+from test_pool import pool_names, wait_until
+
+
+def test_event_reader_sees_two_lines_that_arrive_together():
+    """The hung start: the zygote's "started" events for two workers arrived in one read; a
+    buffered readline() took both and select() then waited on an empty pipe until
+    start_timeout. EventReader keeps its own buffer."""
+    r, w = os.pipe()
+    try:
+        os.write(w, b'{"event": "started", "index": 0}\n{"event": "started", "index": 1}\n')
+        reader = EventReader(r)
+        deadline = time.monotonic() + 0.5
+        assert reader.read(deadline)["index"] == 0
+        assert reader.read(deadline)["index"] == 1
+        with pytest.raises(TimeoutError):
+            reader.read(time.monotonic() + 0.05)
+        os.close(w)
+        w = -1
+        assert reader.read(time.monotonic() + 1) is None  # end of file
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
+
+def test_zygote_forks_with_no_other_thread():
+    with Pool(load_tokenizer("qwen3"), workers=1, name="threads") as pool:
+        assert len(os.listdir(f"/proc/{pool.zygote_pid}/task")) == 1
+
+
+def test_a_worker_that_never_comes_up_is_replaced_within_seconds(monkeypatch):
+    monkeypatch.setattr(Pool, "_test_config", {"_hang_starts": {"1": 1}})
+    t0 = time.monotonic()
+    with Pool(load_tokenizer("llama3"), workers=2, name="hang", worker_start_timeout=2.0,
+              start_timeout=60) as pool:
+        started = time.monotonic() - t0
+        s = pool.stats()
+        assert all(w["alive"] for w in s["workers"]) and s["replacements"] == 1, s
+        assert [w["starts"] for w in s["workers"]] == [1, 2]
+        text = "after a hung start " * 100
+        assert list(pool.encode(text, session="x")) == ref_ids(pool.tokenizer, text)
+    assert started < 30, f"start took {started:.1f} s"
+
+
+def test_start_many_times_under_load():
+    """Consecutive starts with the CPUs busy: none hangs (the full campaign of 200 starts is
+    tools/pool_start_campaign.py)."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        for i in range(4):
+            t0 = time.monotonic()
+            with Pool(load_tokenizer("qwen3"), workers=2, name=f"load{i}", start_timeout=60) as p:
+                assert list(p.encode("x y")) == ref_ids(p.tokenizer, "x y")
+            assert time.monotonic() - t0 < 45
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+
+
+def test_front_end_killed_while_the_zygote_loads_leaves_nothing():
+    script = textwrap.dedent(f"""
+        import os, signal, threading
+        import dtok
+        from dtok.pool import zygote_client
+        start = zygote_client.ZygoteClient.__init__
+        def started(self, res, *a, **k):
+            start(self, res, *a, **k)  # the zygote is now loading the tokenizer
+            print(res.prefix, flush=True)
+            threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+        zygote_client.ZygoteClient.__init__ = started
+        dtok.Pool({str(shared_path("tokenizers", "gpt-oss"))!r}, workers=2, name="killed")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    prefix = proc.stdout.split()[0]
+    assert proc.returncode == -signal.SIGKILL
+    assert wait_until(lambda: not pool_names(prefix), 60), pool_names(prefix)
+
+
+def test_encode_async_never_encodes_on_the_event_loop_thread():
+    tok = load_tokenizer("llama3")
+    with Pool(tok, workers=1, name="noworkers") as pool:
+        os.kill(pool.zygote_pid, signal.SIGKILL)  # the zygote and its workers are gone
+        assert wait_until(lambda: not any(w["alive"] for w in pool.stats()["workers"]), 20)
+        threads = []
+        encode_here = pool._encode_here
+
+        def spy(text, special):
+            threads.append(threading.get_ident())
+            return encode_here(text, special)
+
+        pool._encode_here = spy
+        text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:50_000]
+
+        async def main():
+            return threading.get_ident(), await pool.encode_async(text, session="s")
+
+        loop_thread, ids = asyncio.run(main())
+        assert list(ids) == ref_ids(tok, text)
+        assert threads and loop_thread not in threads
+        assert pool.stats()["in_process"] >= 1
+
+
+def test_pool_from_a_tokenizer_built_from_bytes():
+    raw = shared_path("tokenizers", "deepseek-v3", "tokenizer.json").read_bytes()
+    tok = dtok.Tokenizer(TokenizerFiles(Path("<bytes>"), raw, None, None))
+    with Pool(tok, workers=1, name="bytes") as pool:
+        text = "<｜User｜>hello<｜Assistant｜>hi there" * 100
+        assert list(pool.encode(text, session="b")) == ref_ids(tok, text)
+        assert pool.stats()["encoder"] == tok.encoder.name
+
+
+def test_shm_budget_answers_in_process_exactly():
+    """With the pool's shared-memory budget spent, requests are answered in process (and idle
+    sessions make room); IDs never change."""
+    tok = load_tokenizer("qwen3")
+    src = read_text("prose", "gutenberg-2701_moby-dick.txt")
+    with Pool(tok, workers=1, name="budget", shm_bytes=9 << 20) as pool:
+        for k in range(6):
+            text = src[k * 100_000 : k * 100_000 + 300_000]
+            assert list(pool.encode(text, session=k)) == ref_ids(tok, text)
+            text += " more"
+            assert list(pool.encode(text, session=k)) == ref_ids(tok, text)
+        s = pool.stats()
+        assert s["shm_bytes"] <= 9 << 20 and (s["shm_full"] > 0 or s["sessions"] < 6), s
+
+
+SMALL_SHM_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import dtok
+    from dtok.pool import Pool
+    tok = dtok.Tokenizer.from_file(sys.argv[1])
+    text = open(sys.argv[2], encoding="utf-8", newline="").read() * 3
+    bad = 0
+    with Pool(tok, workers=2, name="tiny") as pool:
+        for k, size in enumerate((1_000_000, 2_000_000, 3_000_000)):
+            t = text[k * 1000 : k * 1000 + size]
+            for extra in ("", " one more turn"):
+                ids = list(pool.encode(t + extra, session=k))
+                bad += ids != tok.reference.encode(t + extra).ids
+        s = pool.stats()
+    print(json.dumps({"bad": bad, "shm_full": s["shm_full"], "in_process": s["in_process"],
+                      "failovers": s["failovers"], "limit": s["shm_limit"]}))
+""")
+
+
+def test_small_dev_shm_never_kills_the_process():
+    """A 16 MiB tmpfs on /dev/shm (a container's): sessions of 1-3M characters do not fit; the
+    requests are answered in process, exactly, and nothing dies of SIGBUS."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not available")
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("cannot make a mount namespace here (needs CAP_SYS_ADMIN)")
+    cmd = ("mount -t tmpfs -o size=16m tmpfs /dev/shm && exec " + sys.executable
+           + " -c \"$0\" \"$1\" \"$2\"")
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", cmd, SMALL_SHM_SCRIPT,
+         str(shared_path("tokenizers", "qwen3")),
+         str(shared_path("corpus", "prose", "gutenberg-2701_moby-dick.txt"))],
+        capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["bad"] == 0 and out["shm_full"] > 0, out
+
+
+def test_edits_through_the_pool_keep_views():
+    """Reasoning-chat edits through the pool: exact every turn, earlier views unchanged, the
+    session's turns continue (no full encode after the first)."""
+    tok = load_tokenizer("deepseek-v3")
+    requests = reasoning_chat(demo_text(), demo_text("ripgrep-walk.rs"), turns=24, seed=4)
+    prompts = [render_reasoning(r, "r1:deepseek") for r in requests]
+    wants = ref_ids_many(tok, prompts)
+    held = []
+    with Pool(tok, workers=2, name="edits") as pool:
+        for i, (text, want) in enumerate(zip(prompts, wants)):
+            view = pool.encode(text, session="chat")
+            assert list(view) == want, f"turn {i}"
+            if i % 3 == 0:
+                held.append((view, want))
+        s = pool.stats()
+        assert s["session_inits"] == 1 and s["session_edits"] >= 4, s
+        assert s["failovers"] == 0 and s["plan_failures"] == 0
+    for view, want in held:
+        assert list(view) == want
+
+
+def test_random_edits_through_the_pool():
+    tok = load_tokenizer("qwen3")
+    rng = random.Random(7)
+    src = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")
+    with Pool(tok, workers=2, name="fuzz") as pool:
+        for trial in range(8):
+            text = src[trial * 20_000 : trial * 20_000 + 15_000]
+            for step in range(5):
+                p = rng.randrange(len(text))
+                text = text[:p] + rng.choice(["", "e\u0301", " <|im_end|>", "\r\n", "x"]) \
+                    + text[p + rng.choice([0, 3, 300, 3000]):] + rng.choice(["", " more", "ab"])
+                special = bool(step % 2)
+                got = pool.encode(text, session=trial, add_special_tokens=special)
+                assert list(got) == ref_ids(tok, text, special), (trial, step)
+        assert pool.stats()["session_edits"] >= 20
+
+
+def test_encode_list_is_updated_in_place_and_never_under_a_holder():
+    tok = load_tokenizer("llama3")
+    base = read_text("prose", "gutenberg-2701_moby-dick.txt")[:100_000]
+    for make in (lambda: tok.with_knobs(), lambda: Pool(tok, workers=1, name="lists")):
+        enc = make()
+        try:
+            a = enc.encode_list(base, session="l")
+            assert a == ref_ids(tok, base) and type(a) is list
+            held = a
+            b = enc.encode_list(base + " one", session="l")  # `a` is held: a new list
+            assert b is not a and a == ref_ids(tok, base) and b == ref_ids(tok, base + " one")
+            kept = id(b)  # the store still holds b, so no new list can take its address
+            del a, held, b
+            c = enc.encode_list(base + " one two", session="l")
+            assert id(c) == kept and c == ref_ids(tok, base + " one two")  # updated in place
+            c.append(7)  # a holder that changed the list and let go
+            del c
+            d = enc.encode_list(base + " one two three", session="l")
+            assert d == ref_ids(tok, base + " one two three")
+            e = enc.encode_list(base[:50_000] + base[51_000:], session="l", add_special_tokens=False)
+            assert e == ref_ids(tok, base[:50_000] + base[51_000:], False)
+        finally:
+            if isinstance(enc, Pool):
+                enc.close()
+
+
+@pytest.mark.slow
+def test_two_hundred_starts_without_a_hang():
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "pool_start_campaign.py"),
+                           "--starts", "200"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=6 * 3600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "200 starts, 0 hangs, 0 differences" in proc.stdout
+
+
+def _cpu_seconds(pid: int, tid: int | None = None) -> float:
+    path = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
+    fields = open(path).read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_an_idle_pool_uses_no_cpu():
+    """Between requests nothing spins: workers sleep on their semaphores, the dispatcher wakes
+    once a second, the zygote four times."""
+    with Pool(load_tokenizer("qwen3"), workers=2, name="idle") as pool:
+        text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:100_000]
+        for i in range(20):  # back to back: the workers' adaptive spin is on
+            pool.encode(text + " x" * i, session="busy")
+        time.sleep(0.5)
+        pids = [pool.zygote_pid] + [w["pid"] for w in pool.stats()["workers"]]
+        dispatcher = next(t for t in threading.enumerate() if t.name == "dtok-pool-dispatch")
+        before = [_cpu_seconds(p) for p in pids] + [_cpu_seconds(os.getpid(), dispatcher.native_id)]
+        time.sleep(3.0)
+        after = [_cpu_seconds(p) for p in pids] + [_cpu_seconds(os.getpid(), dispatcher.native_id)]
+    used = sum(b - a for a, b in zip(before, after))
+    assert used <= 0.05, f"{used:.2f} CPU seconds in 3 s of idling"
