@@ -68,7 +68,8 @@ FAMILY_OF.update({f"{name}-tiny": family for name, family in list(FAMILY_OF.item
 _DEMO = PACKAGE_DATA / "demo"
 _UDHR = sorted(p.name[: -len(".gz")] for p in (DATA / "corpus" / "multilingual").glob("*.gz"))
 _CODE = [_DEMO / "ripgrep-walk.rs.gz", _DEMO / "ripgrep-glob.rs.gz",
-         ("code", "go__fzf__src_pattern.go.txt"), ("code", "shell__fzf__shell_key-bindings.zsh.txt")]
+         ("code", "go__fzf__src_pattern.go.txt"),
+         ("code", "shell__fzf__shell_key-bindings.zsh.txt")]
 # corpus file -> (what stands in for it, its length in characters: the stand-in is repeated to
 # that length so every slice a test takes exists)
 STAND_INS = {
@@ -76,8 +77,10 @@ STAND_INS = {
         ([_DEMO / "devils-dictionary.txt.gz"], None),
     ("prose", "gutenberg-3261_news-from-nowhere.txt"):
         ([("prose", "gutenberg-1342_pride-and-prejudice.txt")], None),
-    ("code", "rust__ripgrep__crates_globset_src_glob.rs.txt"): ([_DEMO / "ripgrep-glob.rs.gz"], None),
-    ("code", "rust__ripgrep__crates_ignore_src_walk.rs.txt"): ([_DEMO / "ripgrep-walk.rs.gz"], None),
+    ("code", "rust__ripgrep__crates_globset_src_glob.rs.txt"):
+        ([_DEMO / "ripgrep-glob.rs.gz"], None),
+    ("code", "rust__ripgrep__crates_ignore_src_walk.rs.txt"):
+        ([_DEMO / "ripgrep-walk.rs.gz"], None),
     ("code", "javascript__lodash__lodash.js.txt"): (_CODE, 545_941),
     ("code", "rust__ripgrep__crates_core_flags_defs.rs.txt"): (_CODE, 246_353),
     ("multilingual", "udhr_all-languages_concatenated.txt"):
@@ -107,7 +110,8 @@ def _in_repo_tokenizer(name: str) -> Path:
     if not (out / "tokenizer.json").exists():
         out.mkdir(parents=True, exist_ok=True)
         src = IN_REPO[name]
-        (out / "tokenizer.json").write_bytes(gzip.decompress((src / "tokenizer.json.gz").read_bytes()))
+        raw = gzip.decompress((src / "tokenizer.json.gz").read_bytes())
+        (out / "tokenizer.json").write_bytes(raw)
         shutil.copyfile(src / "tokenizer_config.json", out / "tokenizer_config.json")
     return out
 

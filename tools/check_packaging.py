@@ -24,6 +24,7 @@ A whole run on one interpreter takes a few minutes plus two runs of the test sui
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import shutil
 import subprocess
@@ -35,7 +36,14 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTENSIONS = ["specials", "cuts", "buffers", "heap", "shm"]  # as in setup.py
+
+
+def extension_modules(setup_py: Path = ROOT / "setup.py") -> list[str]:
+    """The Cython modules setup.py builds (its MODULES list)."""
+    for node in ast.parse(setup_py.read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "MODULES":
+            return ast.literal_eval(node.value)
+    raise ValueError(f"{setup_py} has no MODULES list")
 
 
 def run(cmd: list[str], *, cwd: Path | None = None, env: dict | None = None,
@@ -90,7 +98,7 @@ def check_sdist(path: Path) -> list[str]:
     """What an sdist must hold: the Cython sources, the build files, the data, the tests."""
     with tarfile.open(path) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    need = [f"dtok_ext/{m}.pyx" for m in EXTENSIONS] + [
+    need = [f"dtok_ext/{m}.pyx" for m in extension_modules()] + [
         "dtok_ext/cuts.pxd", "dtok_ext/unicode_text.pxd", "setup.py", "pyproject.toml",
         "README.md", "dtok/data/qwen3/tokenizer.json.gz", "tests/conftest.py",
         "tests/data/tokenizers/qwen3-tiny/tokenizer.json", "tools/build_test_tokenizers.py"]
@@ -104,7 +112,8 @@ def check_wheel(path: Path, checkout: Path) -> list[str]:
     """What a wheel must hold: the compiled extensions, every file of the package (modules and
     bundled data); and none of the tests or tools."""
     names = set(zipfile.ZipFile(path).namelist())
-    problems = [f"wheel lacks the compiled dtok_ext.{m}" for m in EXTENSIONS
+    modules = extension_modules(checkout / "setup.py")
+    problems = [f"wheel lacks the compiled dtok_ext.{m}" for m in modules
                 if not any(n.startswith(f"dtok_ext/{m}.") and n.endswith((".so", ".pyd"))
                            for n in names)]
     for rel in (checkout / "dtok").rglob("*"):
@@ -160,7 +169,8 @@ def try_artifact(label: str, python: Path, artifact: Path, tree: Path, scratch: 
 
 
 def check(python: Path, scratch: Path, pytest_args: list[str], tests: bool) -> list[str]:
-    version = run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).stdout.strip()
+    version = run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+    version = version.stdout.strip()
     print(f"== Python {version} ({python})", flush=True)
     checkout = fresh_checkout(scratch / "checkout")
     builder = venv(python, scratch / "venv-build")
@@ -182,7 +192,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--python", action="append", default=[],
                     help="interpreter path or version (repeatable; default: this one)")
-    ap.add_argument("--pytest-args", default="", help="extra pytest arguments, e.g. '-x tests/x.py'")
+    ap.add_argument("--pytest-args", default="",
+                    help="extra pytest arguments, e.g. '-x tests/test_exactness.py'")
     ap.add_argument("--no-tests", action="store_true", help="build, install and demo only")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directories")
     args = ap.parse_args()
