@@ -131,7 +131,8 @@ def test_control_without_seam_check_on_new_text(name):
     tok = load_tokenizer(name)
     tok.rules._check_new_text = False
     try:
-        diffs, n, _ = _fuzz(tok, trials=12, seed=5, spacing=64)
+        # 48 trials: under the tiny test vocabularies a wrong seam changes the IDs less often
+        diffs, n, _ = _fuzz(tok, trials=48, seed=5, spacing=64)
     finally:
         tok.rules._check_new_text = True
     assert diffs >= 3, f"the fuzz cannot see a seam unchecked on the new text ({diffs} of {n})"
