@@ -97,6 +97,43 @@ def test_hooks_route_prompts_through_dtok_exactly():
     assert hook.dtok_for(tok).dtok.sessions.stats()["repairs"] == 5
 
 
+def test_pool_backed_tokenize_texts(monkeypatch):
+    """With a pool, keyed prompts are awaited from it in _tokenize_texts (the event loop does
+    not encode them); IDs stay SGLang's own."""
+    from dtok.integrations import engine
+
+    monkeypatch.setenv("DTOK_SGLANG_TOKENIZER", str(shared_path("tokenizers", "qwen3")))
+    tok = hf("qwen3")
+    wrapper, why = hook.HOOK.build(tok)  # from the file: the pool can load it
+    assert wrapper is not None, why
+    monkeypatch.setitem(hook.HOOK._by_tok, tok, wrapper)
+    engine.configure(pool_workers=1)
+    try:
+        pool = hook.HOOK.pool_for(wrapper.current(), wait=300)
+        assert pool is not None, hook.HOOK.pool_state()
+        tm = FakeTokenizerManager(tok)
+        orig_texts = FakeTokenizerManager._tokenize_texts
+        base = "<|im_start|>user\n" + read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[
+            :20000]
+        before = dict(hook.stats)
+
+        async def run():
+            text = base
+            for i in range(4):
+                text += f"<|im_end|>\n<|im_start|>user\nturn {i}\n"
+                with engine.bound_key("sid:pooled"):
+                    ids, _ = await hook._tokenize_texts(orig_texts, tm, text)
+                assert ids == tok([text])["input_ids"][0]
+
+        asyncio.run(run())
+        assert hook.stats["pool_calls"] - before["pool_calls"] == 4
+        assert pool.stats()["session_repairs"] == 3
+    finally:
+        engine.configure()
+        if pool is not None:
+            pool.close()
+
+
 def test_stays_out_of_overridden_tokenizers():
     tok = hf("llama3")
     tok.encode = lambda *a, **k: [0]  # an instance override: dtok cannot know what it does
@@ -131,19 +168,41 @@ def test_register_is_opt_in(monkeypatch):
     hook.register()  # no sglang needed: nothing happens without DTOK_SGLANG=1
 
 
+def _sglang_runner() -> list[str] | None:
+    """How to run tools/sglang_check.py here: in this interpreter when SGLang imports, else
+    through its cached venv when that exists and DTOK_ENGINE_CHECKS=1 (a minute more);
+    None: no SGLang here (tests never build the venv)."""
+    import importlib.util
+    from pathlib import Path
+
+    tools = Path(__file__).resolve().parents[1] / "tools"
+    if importlib.util.find_spec("sglang") is not None:
+        return [sys.executable, str(tools / "sglang_check.py"), "--inner"]
+    sys.path.insert(0, str(tools))
+    try:
+        import engine_venv
+        import sglang_check
+    finally:
+        sys.path.pop(0)
+    if engine_venv.built(sglang_check.VENV_NAME) and \
+            os.environ.get("DTOK_ENGINE_CHECKS") == "1":
+        return [sys.executable, str(tools / "sglang_check.py")]
+    return None
+
+
 def test_real_sglang():
     """The hooks inside a real SGLang TokenizerManager and chat server (tools/sglang_check.py).
     `sglang` is not in the test extra (its install pulls a CUDA torch): skipped where it cannot
-    be imported."""
-    import importlib.util
+    be imported and the check's venv is not built."""
     import subprocess
-    from pathlib import Path
 
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed here")
-    tool = Path(__file__).resolve().parents[1] / "tools" / "sglang_check.py"
+    runner = _sglang_runner()
+    if runner is None:
+        pytest.skip("sglang is not importable here (run python tools/sglang_check.py, or set "
+                    "DTOK_ENGINE_CHECKS=1 to run it through its cached venv)")
     shared_path("tokenizers", "qwen3")  # fails under CI when ../shared is missing
-    run = subprocess.run([sys.executable, str(tool), "qwen3"], capture_output=True, text=True,
-                         env={**os.environ, "DTOK_SGLANG": "1"}, timeout=1200)
+    run = subprocess.run(runner + ["qwen3"], capture_output=True, text=True,
+                         env={**os.environ, "DTOK_SGLANG": "1"}, timeout=1800)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert "dtok ON" in run.stdout and "mismatches=0" in run.stdout
+    assert "mismatches=1" not in run.stdout

@@ -330,17 +330,18 @@ def test_pool_backed_route(pooled):
 
 def _vllm_runner() -> list[str] | None:
     """How to run tools/vllm_check.py here: in this interpreter when vLLM imports, else through
-    its cached venv when that exists; None: no vLLM here (the check's venv is not built by
-    tests)."""
+    its cached venv when that exists and DTOK_ENGINE_CHECKS=1 (a minute more each); None: no
+    vLLM here (tests never build the venv)."""
     tool = str(ROOT / "tools" / "vllm_check.py")
     if importlib.util.find_spec("vllm") is not None:
         return [sys.executable, tool, "--inner"]
     sys.path.insert(0, str(ROOT / "tools"))
     try:
+        import engine_venv
         import vllm_check
     finally:
         sys.path.pop(0)
-    if (vllm_check.VENV / "dtok-stamp.json").exists():
+    if engine_venv.built(vllm_check.VENV_NAME) and os.environ.get("DTOK_ENGINE_CHECKS") == "1":
         return [sys.executable, tool]
     return None
 
@@ -351,8 +352,8 @@ def test_real_vllm(mode):
     equal to vLLM's own; and its control finds differences with a guard switched off."""
     runner = _vllm_runner()
     if runner is None:
-        pytest.skip("vLLM is not importable and tools/vllm_check.py's venv is not built "
-                    "(run: python tools/vllm_check.py)")
+        pytest.skip("vLLM is not importable here (run python tools/vllm_check.py, or set "
+                    "DTOK_ENGINE_CHECKS=1 to run it through its cached venv)")
     shared_path("tokenizers", "qwen3")  # fails under CI when ../shared is missing
     cmd = runner + ["qwen3"] + (["--control"] if mode == "control" else [])
     env = {**os.environ, "DTOK_VLLM": "1", "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}

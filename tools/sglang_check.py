@@ -1,8 +1,11 @@
 """dtok's SGLang hook inside a real SGLang TokenizerManager and OpenAIServingChat, on a CPU.
 
-Needs the `sglang` package importable (it is not in dtok's test extra: the full install pulls a
-CUDA build of torch). The check builds a tiny model directory (a `config.json` plus the real
-tokenizer files from ../shared/tokenizers), loads dtok's hooks through SGLang's own
+Run from the repository root with any Python 3.10+: the outer run builds or reuses a virtualenv
+outside the repository (``~/.cache/dtok/sglang-<version>-venv``, see tools/engine_venv.py)
+holding this checkout and SGLang from PyPI (``--no-deps``, a CPU torch, what the tokenizer
+manager imports, a stub for torchvision), then runs the check inside it (or directly, with
+``--inner``, where ``sglang`` imports). The check builds a tiny model directory (a `config.json`
+plus the real tokenizer files from ../shared/tokenizers), loads dtok's hooks through SGLang's own
 `load_plugins()` (entry point `sglang.srt.plugins`, switched on by DTOK_SGLANG=1), and compares
 every hooked result with SGLang's own tokenization of the same text, complete ID sequences:
 
@@ -11,22 +14,44 @@ every hooked result with SGLang's own tokenization of the same text, complete ID
   (content lookup), timed against SGLang's own encode;
 * the OpenAI chat path: six growing chat requests with a session id.
 
-    DTOK_SGLANG=1 python tools/sglang_check.py qwen3 llama3 deepseek-v3
+    python tools/sglang_check.py [qwen3 llama3 deepseek-v3] [--pool N]
 
-Exit status 1 on any mismatch. `tests/test_sglang.py::test_real_sglang` runs it where `sglang`
-can be imported."""
+``--pool N``: the hooks with ``DTOK_POOL_WORKERS=N`` (dtok built from the model's tokenizer.json
+where the live tokenizer equals it, so the pool can load it). Exit status 1 on any mismatch, 2
+when SGLang cannot be installed or imported. `tests/test_sglang.py::test_real_sglang` runs it
+where `sglang` imports or the venv exists."""
 from __future__ import annotations
 
 import asyncio
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-SHARED = Path(os.environ.get("DTOK_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+import engine_venv  # tools/engine_venv.py (this script's directory is on sys.path)
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("DTOK_SHARED", ROOT.parent / "shared"))
+SGLANG_VERSION = "0.5.23"
+VENV_NAME = f"sglang-{SGLANG_VERSION}-venv"
+# What SGLang's tokenizer manager and OpenAI chat server import on a CPU (SGLang 0.5.23's
+# requirements without GPU kernels; torchvision is a stub, see tools/engine_venv.py).
+DEPS = [
+    "aiohttp", "anthropic>=0.20.0", "fastapi", "msgspec", "numpy", "openai==2.8.0",
+    "openai-harmony==0.0.4", "orjson", "packaging", "partial_json_parser", "pillow",
+    "prometheus-client>=0.20.0", "psutil", "pybase64", "pydantic", "python-multipart",
+    "pyzmq>=25.1.2", "regex", "requests", "setproctitle", "sentencepiece==0.2.1", "tiktoken",
+    "tokenizers==0.23.2", "transformers", "uvicorn", "uvloop", "interegular",
+    "llguidance>=1.7.6,<2.0.0", "einops", "scipy", "distro", "easydict", "blobfile==3.0.0",
+    "httpx", "triton", "IPython", "jsonschema", "dill", "apache-tvm-ffi==0.1.11",
+    "compressed-tensors", "gguf", "xgrammar",
+]
+STUBS = {"torchvision": ["transforms", "transforms.functional", "transforms.v2",
+                         "transforms.v2.functional", "io"]}
 
 # Just enough model config for SGLang's ServerArgs/ModelConfig; no weights are loaded.
 _CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
@@ -62,7 +87,7 @@ def _corpus(n: int = 40, chars: int = 60000) -> list[str]:
     return [f.read_bytes().decode("utf-8")[:chars] for f in files]
 
 
-async def _check_model(path: Path, out) -> int:
+async def _check_model(path: Path, out, pool: int = 0) -> int:
     from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
     from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
     from sglang.srt.managers.io_struct import GenerateReqInput
@@ -79,10 +104,26 @@ async def _check_model(path: Path, out) -> int:
     publish(sa, role="tokenizer")
     tm = TokenizerManager(sa, PortArgs.init_new(sa))
     tm.max_req_input_len = tm.context_len = 10**7
+    # As an operator would deploy: DTOK_SGLANG_TOKENIZER names the model's tokenizer.json when
+    # the live tokenizer equals it (dtok is then built from the file: the fast encoder's guard
+    # tables apply and the pool can load it).
+    from dtok.integrations.engine import compare_sections
+
+    file = path / "tokenizer.json"
+    differ = compare_sections(tm.tokenizer.backend_tokenizer.to_str(),
+                              file.read_text(encoding="utf-8"))
+    os.environ.pop("DTOK_SGLANG_TOKENIZER", None)
+    if not differ:
+        os.environ["DTOK_SGLANG_TOKENIZER"] = str(file)
     wrapper = hook.dtok_for(tm.tokenizer)
-    out(f"{path.name}: {type(tm.tokenizer).__name__}, dtok {'ON' if wrapper else 'OFF'}")
+    out(f"{path.name}: {type(tm.tokenizer).__name__}, dtok {'ON' if wrapper else 'OFF'}, built "
+        f"from {'the file' if not differ else 'the live backend (differs in ' + ', '.join(differ) + ')'}")
     if wrapper is None:
+        out(f"  why: {hook.HOOK.refusal(tm.tokenizer)}")
         return 1
+    if pool:
+        ready = hook.HOOK.pool_for(wrapper.current(), wait=300)
+        out(f"  pool: {'ready' if ready else hook.HOOK.pool_state(wrapper.current())[0]['error']}")
 
     async def hooked(text, **kw):
         obj = GenerateReqInput(text=text, sampling_params={"max_new_tokens": 1}, **kw)
@@ -153,12 +194,24 @@ async def _check_model(path: Path, out) -> int:
         f"through dtok={hook.stats['dtok_calls'] - before}")
     bad_total += bad
     out(f"  hook stats: {hook.stats}")
+    tok = wrapper.current()
+    for state in hook.HOOK.pool_state(tok):
+        if state["ready"]:
+            st = state["stats"]
+            out("  pool stats: " + ", ".join(f"{k}={st[k]}" for k in (
+                "requests", "stateless", "chunked", "session_inits", "session_repairs",
+                "session_hits", "failovers", "errors")))
+    out(f"  dtok: encoder {tok.stats()['encoder']}, sessions {tok.sessions.stats()}")
     return bad_total
 
 
-def run(names, out=print) -> int:
+def run(names, out=print, pool: int = 0) -> int:
     """Check each named tokenizer; returns the number of mismatching results (0 = exact)."""
     os.environ.setdefault("DTOK_SGLANG", "1")
+    if pool:
+        from dtok.integrations import engine
+
+        engine.configure(pool_workers=pool)
     from sglang.srt.plugins import load_plugins
     from sglang.srt.plugins.hook_registry import HookRegistry
 
@@ -167,9 +220,38 @@ def run(names, out=print) -> int:
     total = 0
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            total += asyncio.run(_check_model(model_dir(name, Path(tmp)), out))
+            total += asyncio.run(_check_model(model_dir(name, Path(tmp)), out, pool))
     return total
 
 
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("names", nargs="*", default=list(MODELS), help="files in ../shared/tokenizers")
+    p.add_argument("--pool", type=int, default=0, help="DTOK_POOL_WORKERS for the hooks")
+    p.add_argument("--rebuild", action="store_true", help="rebuild the venv from scratch")
+    p.add_argument("--python", default=sys.executable, help="interpreter for a new venv")
+    p.add_argument("--inner", action="store_true", help="run here (sglang must import)")
+    args = p.parse_args(argv)
+    if not args.inner:
+        try:
+            py = engine_venv.ensure(VENV_NAME, f"sglang=={SGLANG_VERSION}", DEPS,
+                                    python=args.python, stubs=STUBS, rebuild=args.rebuild)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            print(f"cannot build the SGLang venv: {exc}")
+            return 2
+        extra = ["--pool", str(args.pool)] if args.pool else []
+        return engine_venv.run_inside(py, Path(__file__).resolve(), [*args.names, *extra],
+                                      {"DTOK_SGLANG": "1", "DTOK_SHARED": str(SHARED),
+                                       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    try:
+        import sglang  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        print(f"SGLang cannot be imported: {type(exc).__name__}: {exc}")
+        return 2
+    return 1 if run(args.names, pool=args.pool) else 0
+
+
 if __name__ == "__main__":
-    sys.exit(1 if run(sys.argv[1:] or list(MODELS)) else 0)
+    sys.exit(main())

@@ -5,7 +5,7 @@ Run from the repository root with any Python 3.10+:
     python tools/vllm_check.py [qwen3 llama3 deepseek-v3 gpt-oss] [--pool N] [--rebuild]
 
 The outer run (standard library only) builds or reuses a virtualenv outside the repository
-(``$DTOK_VLLM_VENV``, default ``~/.cache/dtok/vllm-<version>-venv``) holding this checkout
+(``~/.cache/dtok/vllm-<version>-venv``, see tools/engine_venv.py) holding this checkout
 (editable) and the real vLLM from PyPI: ``torch==2.13.0`` (a CPU build on this machine), vLLM
 with ``--no-deps``, and what its render path imports. Then it runs itself inside that venv:
 
@@ -37,15 +37,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import engine_venv  # tools/engine_venv.py (this script's directory is on sys.path)
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("DTOK_SHARED", ROOT.parent / "shared"))
 VLLM_VERSION = "0.33.0"
-VENV = Path(os.environ.get("DTOK_VLLM_VENV",
-                           Path.home() / ".cache" / "dtok" / f"vllm-{VLLM_VERSION}-venv"))
-# torch 2.13.0: a local CPU wheel on the development machine (vLLM 0.33 pins 2.14.0, a CUDA
-# build; the render path does not use vLLM's compiled ops).
-TORCH = "torch==2.13.0"
-# What vLLM's render server imports, from vLLM 0.33.0's requirements (GPU kernels left out).
+VENV_NAME = f"vllm-{VLLM_VERSION}-venv"
+# What vLLM's render server imports, from vLLM 0.33.0's requirements (GPU kernels left out;
+# vLLM pins torch 2.14.0, a CUDA build; the render path runs on the CPU torch 2.13.0 and does
+# not use vLLM's compiled ops).
 DEPS = [
     "regex", "cachetools", "psutil", "sentencepiece", "numpy", "requests", "tqdm", "blake3",
     "py-cpuinfo", "transformers>=5.16.1,<5.21.0", "huggingface_hub>=1.31.0", "tokenizers>=0.23.2",
@@ -57,57 +57,24 @@ DEPS = [
     "watchfiles", "python-json-logger", "pybase64", "cbor2", "ijson", "setproctitle",
     "anthropic>=0.71.0", "oss-harmony>=0.0.11", "xgrammar==0.2.8", "llguidance>=1.7.0,<1.8.0",
     "model-hosting-container-standards>=0.1.14,<1.0.0", "httpx",
-    # dtok itself (installed editable, without build isolation)
-    "cython>=3.0", "setuptools>=64,<81", "wheel", "posix_ipc>=1.1", "fastokens==0.3.5",
 ]
-STAMP = {"vllm": VLLM_VERSION, "torch": TORCH, "deps": DEPS}
-
-
-# --- outer run: the virtualenv ----------------------------------------------------------------
-
-
-def _pip(python: Path, *args: str) -> None:
-    cmd = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args]
-    print("+", " ".join(cmd[3:]), flush=True)
-    subprocess.run(cmd, check=True)
-
-
-def ensure_venv(python: str, rebuild: bool = False) -> Path:
-    """The venv's interpreter, with vLLM, its render-path dependencies and this checkout."""
-    py = VENV / "bin" / "python"
-    stamp = VENV / "dtok-stamp.json"
-    if rebuild or not py.exists():
-        subprocess.run([python, "-m", "venv", "--clear", str(VENV)], check=True)
-    if not stamp.exists() or json.loads(stamp.read_text()) != STAMP:
-        constraint = VENV / "constraints.txt"
-        constraint.write_text(TORCH + "\n")
-        _pip(py, "--upgrade", "pip")
-        _pip(py, TORCH)
-        _pip(py, "--no-deps", f"vllm=={VLLM_VERSION}")
-        _pip(py, "-c", str(constraint), *DEPS)
-        stamp.write_text(json.dumps(STAMP))
-    where = subprocess.run([str(py), "-c", "import dtok, sys; sys.stdout.write(dtok.__file__)"],
-                           capture_output=True, text=True)
-    if where.returncode != 0 or not Path(where.stdout).resolve().is_relative_to(ROOT):
-        _pip(py, "--no-deps", "--no-build-isolation", "-e", str(ROOT))
-    return py
+ENV = {"DTOK_VLLM": "1", "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
+       "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+       "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+       "DTOK_SHARED": str(SHARED)}
 
 
 def outer(args) -> int:
+    """Build or reuse the venv, then run this script inside it."""
     try:
-        py = ensure_venv(args.python, args.rebuild)
+        py = engine_venv.ensure(VENV_NAME, f"vllm=={VLLM_VERSION}", DEPS, python=args.python,
+                                rebuild=args.rebuild)
     except (OSError, subprocess.CalledProcessError) as exc:
-        print(f"cannot build the vLLM venv at {VENV}: {exc}")
+        print(f"cannot build the vLLM venv: {exc}")
         return 2
-    env = {**os.environ, "DTOK_VLLM": "1", "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-           "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
-           "DTOK_SHARED": str(SHARED)}
-    cmd = [str(py), str(Path(__file__).resolve()), "--inner", *args.names]
-    if args.pool:
-        cmd += ["--pool", str(args.pool)]
-    cmd += [flag for flag in ("--live", "--control") if getattr(args, flag[2:])]
-    return subprocess.run(cmd, env=env, cwd=str(ROOT)).returncode
+    cmd = [*args.names, *(["--pool", str(args.pool)] if args.pool else []),
+           *[flag for flag in ("--live", "--control") if getattr(args, flag[2:])]]
+    return engine_venv.run_inside(py, Path(__file__).resolve(), cmd, ENV)
 
 
 # --- inner run: inside the venv ---------------------------------------------------------------
@@ -364,11 +331,11 @@ async def run_control(check: Checker, tok, model: str, out) -> tuple[int, int]:
         out("  control: not admitted (dtok encodes whole), nothing to switch off")
         return 0, 0
     marker = STYLES[detect_style(tok.admission.added_tokens)][0]
-    half = len(marker) // 2
+    half = len(marker) - 2  # each turn ends inside the marker the next one completes
     text = corpus(1, 20000)[0]
     with _guard_off(tok):
         for k in range(20):
-            for piece in (f" turn {k}.{marker[:half]}", f"{marker[half:]}user\n"):
+            for piece in (f" turn {k}\n{marker[:half]}", f"{marker[half:]}user\n"):
                 text += piece
                 await check.both(f"control turn {k}", "/v1/completions/render",
                                  {"model": model, "prompt": text}, {"X-Session-ID": "control"})

@@ -1,0 +1,100 @@
+"""A cached virtualenv holding a serving engine from PyPI and this checkout (editable), for
+tools/vllm_check.py, tools/sglang_check.py and benches/bench_serving.py. Standard library only,
+so the tools run from any Python 3.10+.
+
+The engine is installed with ``--no-deps`` beside a CPU torch and the dependencies its
+tokenization path imports (each tool lists them); a stamp file records what was installed, so
+a second run only checks that the venv's ``dtok`` is this checkout. Stubs are small stand-in
+packages for modules an engine imports at module level but the checks never use (SGLang's
+multimodal processors import torchvision; PyPI's torchvision cannot load beside the CPU torch
+wheel of this machine).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("DTOK_ENGINE_VENVS", Path.home() / ".cache" / "dtok"))
+# The local CPU wheel on the development machine; elsewhere pip downloads torch 2.13.0.
+TORCH = "torch==2.13.0"
+# What dtok needs to be installed editable without build isolation, and its fast encoder.
+DTOK_DEPS = ["cython>=3.0", "setuptools>=64,<81", "wheel", "posix_ipc>=1.1", "fastokens==0.3.5",
+             "numpy", "setproctitle"]
+
+_STUB = '''"""A stand-in written by dtok's tools/engine_venv.py: the real package cannot be installed
+in this check venv; the engine imports it at module level only for code the checks never run."""
+
+
+class _Anything(type):
+    def __getattr__(cls, name):
+        return cls
+
+
+class _Missing(metaclass=_Anything):
+    def __init__(self, *a, **k):
+        raise ImportError("{name} is a stub in this venv (tools/engine_venv.py)")
+
+
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _Missing
+'''
+
+
+def _pip(python: Path, *args: str) -> None:
+    cmd = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args]
+    print("+ pip install", " ".join(args), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def _write_stub(python: Path, package: str, submodules: list[str]) -> None:
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                           "['purelib'])"], capture_output=True, text=True, check=True)
+    base = Path(site.stdout.strip()) / package
+    for module in ["", *submodules]:
+        d = base.joinpath(*module.split(".")) if module else base
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "__init__.py").write_text(_STUB.replace("{name}", package))
+
+
+def ensure(name: str, engine: str, deps: list[str], *, python: str = sys.executable,
+           stubs: dict[str, list[str]] | None = None, rebuild: bool = False) -> Path:
+    """The interpreter of venv ``CACHE/name`` with ``engine`` (``--no-deps``), ``deps``,
+    ``TORCH``, dtok's own needs, ``stubs`` and this checkout; built or completed as needed."""
+    venv = CACHE / name
+    py = venv / "bin" / "python"
+    stamp = venv / "dtok-stamp.json"
+    want = {"engine": engine, "torch": TORCH, "deps": deps + DTOK_DEPS, "stubs": stubs or {}}
+    if rebuild or not py.exists():
+        subprocess.run([python, "-m", "venv", "--clear", str(venv)], check=True)
+    if not stamp.exists() or json.loads(stamp.read_text()) != want:
+        constraint = venv / "constraints.txt"
+        constraint.write_text(TORCH + "\n")
+        _pip(py, "--upgrade", "pip")
+        _pip(py, TORCH)
+        _pip(py, "--no-deps", engine)
+        _pip(py, "-c", str(constraint), *deps, *DTOK_DEPS)
+        for package, submodules in (stubs or {}).items():
+            _write_stub(py, package, submodules)
+        stamp.write_text(json.dumps(want))
+    where = subprocess.run([str(py), "-c", "import dtok, sys; sys.stdout.write(dtok.__file__)"],
+                           capture_output=True, text=True)
+    if where.returncode != 0 or not Path(where.stdout).resolve().is_relative_to(ROOT):
+        _pip(py, "--no-deps", "--no-build-isolation", "-e", str(ROOT))
+    return py
+
+
+def built(name: str) -> bool:
+    """Whether venv ``name`` was built (tests run the tools only then; they never build it)."""
+    return (CACHE / name / "dtok-stamp.json").exists()
+
+
+def run_inside(python: Path, script: Path, args: list[str], env: dict[str, str]) -> int:
+    """Run ``script --inner ARGS`` with the venv's interpreter from the repository root."""
+    return subprocess.run([str(python), str(script), "--inner", *args],
+                          env={**os.environ, **env}, cwd=str(ROOT)).returncode
