@@ -89,6 +89,21 @@ def ensure(name: str, engine: str, deps: list[str], *, python: str = sys.executa
     return py
 
 
+def use_file_if_equal(live_tokenizer, file: Path, env_name: str) -> list[str]:
+    """As an operator would deploy (inside a venv): set ``env_name`` (``DTOK_VLLM_TOKENIZER``,
+    ``DTOK_SGLANG_TOKENIZER``) to the model's tokenizer.json when the engine's live tokenizer
+    equals it, so dtok is built from the file (the fast encoder's guard tables apply and a pool
+    can load it); unset it otherwise. Returns the sections that differ."""
+    from dtok.integrations.engine import compare_sections
+
+    differ = compare_sections(live_tokenizer.backend_tokenizer.to_str(),
+                              file.read_text(encoding="utf-8"))
+    os.environ.pop(env_name, None)
+    if not differ:
+        os.environ[env_name] = str(file)
+    return differ
+
+
 def built(name: str) -> bool:
     """Whether venv ``name`` was built (tests run the tools only then; they never build it)."""
     return (CACHE / name / "dtok-stamp.json").exists()

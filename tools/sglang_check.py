@@ -87,16 +87,11 @@ def _corpus(n: int = 40, chars: int = 60000) -> list[str]:
     return [f.read_bytes().decode("utf-8")[:chars] for f in files]
 
 
-async def _check_model(path: Path, out, pool: int = 0) -> int:
-    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
-    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
-    from sglang.srt.managers.io_struct import GenerateReqInput
+def tokenizer_manager(path: Path):
+    """A real SGLang TokenizerManager for a model directory (no scheduler behind it)."""
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
-    from sglang.srt.parser.template_manager import TemplateManager
     from sglang.srt.runtime_context import publish
     from sglang.srt.server_args import PortArgs, ServerArgs
-
-    from dtok.integrations import sglang as hook
 
     sa = ServerArgs(model_path=str(path), device="cpu", skip_server_warmup=True)
     sa.resolve_once()
@@ -104,20 +99,36 @@ async def _check_model(path: Path, out, pool: int = 0) -> int:
     publish(sa, role="tokenizer")
     tm = TokenizerManager(sa, PortArgs.init_new(sa))
     tm.max_req_input_len = tm.context_len = 10**7
-    # As an operator would deploy: DTOK_SGLANG_TOKENIZER names the model's tokenizer.json when
-    # the live tokenizer equals it (dtok is then built from the file: the fast encoder's guard
-    # tables apply and the pool can load it).
-    from dtok.integrations.engine import compare_sections
+    return tm
 
-    file = path / "tokenizer.json"
-    differ = compare_sections(tm.tokenizer.backend_tokenizer.to_str(),
-                              file.read_text(encoding="utf-8"))
-    os.environ.pop("DTOK_SGLANG_TOKENIZER", None)
-    if not differ:
-        os.environ["DTOK_SGLANG_TOKENIZER"] = str(file)
+
+async def tokenize_request(tm, text: str, **kw) -> list[int]:
+    """The /generate path's tokenization of one request (``_tokenize_one_request``)."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    obj = GenerateReqInput(text=text, sampling_params={"max_new_tokens": 1}, **kw)
+    obj.normalize_batch_and_arguments()
+    tm._init_req_state(obj, None)
+    try:
+        return list((await tm._tokenize_one_request(obj)).input_ids)
+    finally:
+        tm.rid_to_state.pop(obj.rid, None)
+
+
+async def _check_model(path: Path, out, pool: int = 0) -> int:
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+    from sglang.srt.parser.template_manager import TemplateManager
+
+    from dtok.integrations import sglang as hook
+
+    tm = tokenizer_manager(path)
+    differ = engine_venv.use_file_if_equal(tm.tokenizer, path / "tokenizer.json",
+                                           "DTOK_SGLANG_TOKENIZER")
     wrapper = hook.dtok_for(tm.tokenizer)
+    source = "the file" if not differ else f"the live backend (differs in {', '.join(differ)})"
     out(f"{path.name}: {type(tm.tokenizer).__name__}, dtok {'ON' if wrapper else 'OFF'}, built "
-        f"from {'the file' if not differ else 'the live backend (differs in ' + ', '.join(differ) + ')'}")
+        f"from {source}")
     if wrapper is None:
         out(f"  why: {hook.HOOK.refusal(tm.tokenizer)}")
         return 1
@@ -126,13 +137,7 @@ async def _check_model(path: Path, out, pool: int = 0) -> int:
         out(f"  pool: {'ready' if ready else hook.HOOK.pool_state(wrapper.current())[0]['error']}")
 
     async def hooked(text, **kw):
-        obj = GenerateReqInput(text=text, sampling_params={"max_new_tokens": 1}, **kw)
-        obj.normalize_batch_and_arguments()
-        tm._init_req_state(obj, None)
-        try:
-            return list((await tm._tokenize_one_request(obj)).input_ids)
-        finally:
-            tm.rid_to_state.pop(obj.rid, None)
+        return await tokenize_request(tm, text, **kw)
 
     def sglang_own(text):  # what SGLang's _tokenize_texts computes without the hook
         return list(tm.tokenizer([text])["input_ids"][0])
@@ -221,6 +226,9 @@ def run(names, out=print, pool: int = 0) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             total += asyncio.run(_check_model(model_dir(name, Path(tmp)), out, pool))
+    from dtok.integrations import sglang as hook
+
+    hook.HOOK.close()
     return total
 
 

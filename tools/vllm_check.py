@@ -223,22 +223,16 @@ async def check_model(name: str, tmp: Path, out, pool_workers: int = 0,
     has_template = "chat_template" in json.loads((path / "tokenizer_config.json").read_text())
     app = await render_app(path, *([] if has_template else ["--chat-template", str(template)]))
     renderer = app.state.online_renderer.renderer
-    # As an operator would deploy: DTOK_VLLM_TOKENIZER names the model's tokenizer.json when
-    # the live tokenizer equals it (dtok is then built from the file: the fast encoder's guard
-    # tables apply and the pool can load it); otherwise dtok is built from the live backend.
-    from dtok.integrations.engine import compare_sections
-
-    file = path / "tokenizer.json"
-    differ = compare_sections(renderer.tokenizer.backend_tokenizer.to_str(),
-                              file.read_text(encoding="utf-8"))
-    os.environ.pop("DTOK_VLLM_TOKENIZER", None)
-    if not differ and not live_only:
-        os.environ["DTOK_VLLM_TOKENIZER"] = str(file)
+    differ = engine_venv.use_file_if_equal(renderer.tokenizer, path / "tokenizer.json",
+                                           "DTOK_VLLM_TOKENIZER")
+    if live_only:
+        os.environ.pop("DTOK_VLLM_TOKENIZER", None)
     wrapper = plugin.dtok_for(renderer.tokenizer)
+    source = ("the file" if "DTOK_VLLM_TOKENIZER" in os.environ else "the live backend"
+              + (f" (it differs from the file in {', '.join(differ)})" if differ else ""))
     out(f"{name}: {type(renderer).__name__}, {type(renderer.tokenizer).__name__}, "
         f"dtok {'ON' if wrapper else 'OFF: ' + str(plugin.HOOK.refusal(renderer.tokenizer))}, "
-        f"built from {'the file' if 'DTOK_VLLM_TOKENIZER' in os.environ else 'the live backend'}"
-        f"{' (live differs from the file in ' + ', '.join(differ) + ')' if differ else ''}")
+        f"built from {source}")
     if wrapper is None:
         return 1, 1
     if pool_workers:
@@ -380,6 +374,7 @@ def inner(args) -> int:
             r, m = asyncio.run(check_model(name, Path(tmp), lambda s: print(s, flush=True),
                                            args.pool, args.live, args.control))
             requests, mismatches = requests + r, mismatches + m
+    plugin.HOOK.close()
     if args.control:
         found = "differences found" if not mismatches else "NO DIFFERENCES FOUND"
         print(f"control: {requests} requests, {found}", flush=True)

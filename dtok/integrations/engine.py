@@ -22,6 +22,7 @@ in process and :meth:`EngineHook.pool_state` says why.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import contextvars
 import functools
@@ -226,6 +227,20 @@ class _PoolSlot:
 
 # --- the hook state of one engine -----------------------------------------------------------
 
+_HOOKS: list["EngineHook"] = []
+
+
+def _write_reports() -> None:
+    """At exit with ``DTOK_STATS_FILE=PATH`` (``{pid}`` is replaced by the process id): each
+    hook's :meth:`EngineHook.report` as JSON, e.g. to compare replicas behind a router."""
+    path = os.environ["DTOK_STATS_FILE"].replace("{pid}", str(os.getpid()))
+    try:
+        with open(path, "w") as f:
+            json.dump([h.report() for h in _HOOKS if h.stats["dtok_calls"]], f, indent=1)
+    except Exception as exc:  # noqa: BLE001 - never fail an exiting server
+        log.warning("dtok: cannot write %s: %s", path, exc)
+
+
 
 def _list_of(owner, text: str, key, special: bool) -> list[int]:
     """IDs as a list: the owner's ``encode_list`` when it has one, else ``list()`` of a view."""
@@ -261,6 +276,9 @@ class EngineHook:
         self._pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         #: False: every hook passes through to the engine's own code (checks, operators)
         self.enabled = True
+        if os.environ.get("DTOK_STATS_FILE") and not _HOOKS:
+            atexit.register(_write_reports)
+        _HOOKS.append(self)
 
     # --- which tokenizers dtok serves -------------------------------------------------------
 
@@ -357,6 +375,24 @@ class EngineHook:
                 state["stats"] = slot.pool.stats()
             out.append(state)
         return out
+
+    def report(self) -> dict[str, Any]:
+        """The hook's counters, each served tokenizer's session stats, and the pools' stats."""
+        tokenizers = []
+        for wrapper in list(self._by_tok.values()):
+            tok = wrapper.dtok
+            tokenizers.append({"path": str(tok.files.path), "encoder": tok.stats()["encoder"],
+                               "sessions": tok.sessions.stats()})
+        return {"engine": self.engine, "pid": os.getpid(), "stats": dict(self.stats),
+                "tokenizers": tokenizers, "pools": self.pool_state()}
+
+    def close(self) -> None:
+        """Close this engine's pools (requests after this are encoded in process)."""
+        for slot in list(self._pools.values()):
+            slot.ready.wait()
+            if slot.pool is not None:
+                slot.pool.close()
+        self._pools.clear()
 
     def pool_route(self, wrapper, text: str, key: Any = None):
         """The pool that should encode ``text`` (keyed, or at least ``DTOK_POOL_MIN_CHARS``

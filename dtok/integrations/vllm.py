@@ -17,9 +17,10 @@ Hooks (names of vLLM 0.33; missing ones are skipped with a warning):
   session key) into that thread, and with a pool (``DTOK_POOL_WORKERS=N``) awaits keyed and
   long prompts from the pool on the event loop instead of occupying an executor thread.
 * ``create_chat_completion``, ``create_completion``, ``create_responses``,
-  ``create_messages`` (Anthropic), and the GPU-less render server's ``render_chat_request`` /
-  ``render_completion_request`` (around): bind the session key where the request is parsed,
-  because vLLM itself resolves the session id only after rendering.
+  ``create_messages`` (Anthropic), ``create_tokenize`` (``/tokenize``), and the GPU-less render
+  server's ``render_chat_request`` / ``render_completion_request`` (around): bind the session
+  key where the request is parsed, because vLLM itself resolves the session id only after
+  rendering.
 
 Session key, first found: the body's ``session_id``, the ``X-Session-ID`` header, vLLM's
 ``vllm_xargs["session_id"]`` (the order of vLLM's own ``_get_session_id``), then the
@@ -161,6 +162,8 @@ TARGETS = (
      _bind_request_key),
     (f"{_RENDER}.render_chat_request", _bind_request_key),
     (f"{_RENDER}.render_completion_request", _bind_request_key),
+    ("vllm.entrypoints.serve.tokenize.serving.ServingTokenization.create_tokenize",
+     _bind_request_key),
 )
 
 
