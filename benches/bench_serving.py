@@ -4,9 +4,9 @@ hook against its pool-backed hook, same run, same load.
 
     python benches/bench_serving.py [--engine vllm|sglang|both] [--tokenizer qwen3]
         [--seconds 20] [--repeats 3] [--workers 2] [--sessions 16] [--context 100000]
-        [--rate 20] [--burst-every 10]
+        [--rate 20] [--burst-every 10] [--encoder auto|reference]
 
-Runs inside the engine's cached venv (tools/engine_venv.py, as tools/vllm_check.py and
+Runs inside the engine's cached venv (tools/engine_setup.py, as tools/vllm_check.py and
 tools/sglang_check.py build it). The server process is this process; its event loop serves:
 
 * vLLM 0.33: the GPU-less render server's serving path (``ServingRender.
@@ -36,14 +36,13 @@ import os
 import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "benches"))
 
-import engine_venv  # noqa: E402
+import engine_setup  # noqa: E402
 
 
 # --- outer run: the engine's venv -------------------------------------------------------------
@@ -63,13 +62,13 @@ def outer(args) -> int:
 
             spec, env, stubs = f"sglang=={tool.SGLANG_VERSION}", {"DTOK_SGLANG": "1"}, tool.STUBS
         try:
-            py = engine_venv.ensure(tool.VENV_NAME, spec, tool.DEPS, stubs=stubs)
+            py = engine_setup.ensure(tool.VENV_NAME, spec, tool.DEPS, stubs=stubs)
         except (OSError, subprocess.CalledProcessError) as exc:
             print(f"cannot build the {name} venv: {exc}")
             return 2
         argv = [f"--engine={name}"] + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
                                        if k not in ("engine", "inner")]
-        status |= engine_venv.run_inside(py, Path(__file__).resolve(), argv,
+        status |= engine_setup.run_inside(py, Path(__file__).resolve(), argv,
                                          {**env, "HF_HUB_OFFLINE": "1",
                                           "TRANSFORMERS_OFFLINE": "1"})
     return status
@@ -90,7 +89,7 @@ async def vllm_server(path: Path):
     app = await vllm_check.render_app(path, "--max-model-len", str(1 << 22))
     serving = app.state.serving_render
     tokenizer = app.state.online_renderer.renderer.tokenizer
-    engine_venv.use_file_if_equal(tokenizer, path / "tokenizer.json", "DTOK_VLLM_TOKENIZER")
+    engine_setup.use_file_if_equal(tokenizer, path / "tokenizer.json", "DTOK_VLLM_TOKENIZER")
 
     async def submit(text: str, key: str | None) -> int:
         request = CompletionRequest(model=str(path), prompt=text, max_tokens=1, session_id=key)
@@ -107,7 +106,7 @@ async def sglang_server(path: Path):
     from dtok.integrations import sglang as plugin
 
     tm = sglang_check.tokenizer_manager(path)
-    engine_venv.use_file_if_equal(tm.tokenizer, path / "tokenizer.json", "DTOK_SGLANG_TOKENIZER")
+    engine_setup.use_file_if_equal(tm.tokenizer, path / "tokenizer.json", "DTOK_SGLANG_TOKENIZER")
 
     async def submit(text: str, key: str | None) -> int:
         kw = {"session_id": key} if key else {}
@@ -234,7 +233,8 @@ async def inner_async(args) -> dict:
     tmp = Path(tempfile.mkdtemp())
     path = tool.model_dir(args.tokenizer, tmp)
     submit, hook, live = await server(path)
-    engine.configure(pool_workers=args.workers)
+    engine.configure(pool_workers=args.workers,
+                     knobs=None if args.encoder == "auto" else {"encoder": args.encoder})
     wrapper = hook.dtok_for(live)
     if wrapper is None:
         raise SystemExit(f"dtok stays out: {hook.refusal(live)}")
@@ -291,7 +291,7 @@ def inner(args) -> int:
     print(header(info), flush=True)
     result = asyncio.run(inner_async(args))
     result["machine"] = info
-    print("wrote", write_json(f"serving-{args.engine}.json", result))
+    print("wrote", write_json(f"serving-{args.engine}-{result['info']['encoder']}.json", result))
     return 0
 
 
@@ -299,6 +299,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--engine", choices=["vllm", "sglang", "both"], default="both")
     p.add_argument("--tokenizer", default="qwen3")
+    p.add_argument("--encoder", choices=["auto", "reference"], default="auto",
+                   help="dtok's encoder in process and in the pool's workers")
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workers", type=int, default=2)

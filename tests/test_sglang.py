@@ -180,11 +180,11 @@ def _sglang_runner() -> list[str] | None:
         return [sys.executable, str(tools / "sglang_check.py"), "--inner"]
     sys.path.insert(0, str(tools))
     try:
-        import engine_venv
+        import engine_setup
         import sglang_check
     finally:
         sys.path.pop(0)
-    if engine_venv.built(sglang_check.VENV_NAME) and \
+    if engine_setup.built(sglang_check.VENV_NAME) and \
             os.environ.get("DTOK_ENGINE_CHECKS") == "1":
         return [sys.executable, str(tools / "sglang_check.py")]
     return None

@@ -56,6 +56,13 @@ def test_session_key_order():
     assert plugin.session_key(SimpleNamespace(), None, ":") is None
 
 
+def test_engine_docstring_examples():
+    import doctest
+
+    result = doctest.testmod(engine)
+    assert result.attempted >= 2 and result.failed == 0
+
+
 def test_bound_key_is_scoped():
     with engine.bound_key("sid:a"):
         assert engine.SESSION_KEY.get() == "sid:a"
@@ -337,11 +344,11 @@ def _vllm_runner() -> list[str] | None:
         return [sys.executable, tool, "--inner"]
     sys.path.insert(0, str(ROOT / "tools"))
     try:
-        import engine_venv
+        import engine_setup
         import vllm_check
     finally:
         sys.path.pop(0)
-    if engine_venv.built(vllm_check.VENV_NAME) and os.environ.get("DTOK_ENGINE_CHECKS") == "1":
+    if engine_setup.built(vllm_check.VENV_NAME) and os.environ.get("DTOK_ENGINE_CHECKS") == "1":
         return [sys.executable, tool]
     return None
 

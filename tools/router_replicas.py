@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import engine_venv  # tools/engine_venv.py (this script's directory is on sys.path)
+import engine_setup  # tools/engine_setup.py (this script's directory is on sys.path)
 import vllm_check
 
 ROUTER = "vllm-router==0.1.17"
@@ -38,7 +38,7 @@ ROUTER = "vllm-router==0.1.17"
 
 def outer(args) -> int:
     try:
-        py = engine_venv.ensure(vllm_check.VENV_NAME, f"vllm=={vllm_check.VLLM_VERSION}",
+        py = engine_setup.ensure(vllm_check.VENV_NAME, f"vllm=={vllm_check.VLLM_VERSION}",
                                 vllm_check.DEPS)
         if subprocess.run([str(py), "-c", "import vllm_router.router"],
                           capture_output=True).returncode != 0:
@@ -48,7 +48,7 @@ def outer(args) -> int:
         return 2
     argv = [f"--tokenizer={args.tokenizer}", f"--sessions={args.sessions}",
             f"--turns={args.turns}", "--policies", *args.policies]
-    return engine_venv.run_inside(py, Path(__file__).resolve(), argv, vllm_check.ENV)
+    return engine_setup.run_inside(py, Path(__file__).resolve(), argv, vllm_check.ENV)
 
 
 def _free_port() -> int:

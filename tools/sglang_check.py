@@ -1,7 +1,7 @@
 """dtok's SGLang hook inside a real SGLang TokenizerManager and OpenAIServingChat, on a CPU.
 
 Run from the repository root with any Python 3.10+: the outer run builds or reuses a virtualenv
-outside the repository (``~/.cache/dtok/sglang-<version>-venv``, see tools/engine_venv.py)
+outside the repository (``~/.cache/dtok/sglang-<version>-venv``, see tools/engine_setup.py)
 holding this checkout and SGLang from PyPI (``--no-deps``, a CPU torch, what the tokenizer
 manager imports, a stub for torchvision), then runs the check inside it (or directly, with
 ``--inner``, where ``sglang`` imports). The check builds a tiny model directory (a `config.json`
@@ -23,23 +23,21 @@ where `sglang` imports or the venv exists."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import engine_venv  # tools/engine_venv.py (this script's directory is on sys.path)
+import engine_setup  # tools/engine_setup.py (this script's directory is on sys.path)
+from engine_setup import FALLBACK_TEMPLATE, MODELS, SHARED, corpus, model_dir  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("DTOK_SHARED", ROOT.parent / "shared"))
 SGLANG_VERSION = "0.5.23"
 VENV_NAME = f"sglang-{SGLANG_VERSION}-venv"
 # What SGLang's tokenizer manager and OpenAI chat server import on a CPU (SGLang 0.5.23's
-# requirements without GPU kernels; torchvision is a stub, see tools/engine_venv.py).
+# requirements without GPU kernels; torchvision is a stub, see tools/engine_setup.py).
 DEPS = [
     "aiohttp", "anthropic>=0.20.0", "fastapi", "msgspec", "numpy", "openai==2.8.0",
     "openai-harmony==0.0.4", "orjson", "packaging", "partial_json_parser", "pillow",
@@ -53,38 +51,7 @@ DEPS = [
 STUBS = {"torchvision": ["transforms", "transforms.functional", "transforms.v2",
                          "transforms.v2.functional", "io"]}
 
-# Just enough model config for SGLang's ServerArgs/ModelConfig; no weights are loaded.
-_CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "num_hidden_layers": 2, "max_position_embeddings": 131072,
-           "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "torch_dtype": "bfloat16",
-           "hidden_act": "silu"}
-MODELS = {
-    "qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=16,
-                  vocab_size=151936, bos_token_id=151643, eos_token_id=151645),
-    "llama3": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256,
-                   bos_token_id=128000, eos_token_id=128009),
-    "deepseek-v3": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=129280,
-                        bos_token_id=0, eos_token_id=1),
-}
-_FALLBACK_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
-    "<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>{% endfor %}"
-    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
-
-
-def model_dir(name: str, into: Path) -> Path:
-    """A weightless model directory: SGLang's config plus the real tokenizer files."""
-    d = into / name
-    d.mkdir(parents=True, exist_ok=True)
-    for f in (SHARED / "tokenizers" / name).iterdir():
-        shutil.copy(f, d / f.name)
-    (d / "config.json").write_text(json.dumps({**_CONFIG, **MODELS[name]}))
-    return d
-
-
-def _corpus(n: int = 40, chars: int = 60000) -> list[str]:
-    files = sorted((SHARED / "corpus").glob("*/*.txt"))[:n]
-    return [f.read_bytes().decode("utf-8")[:chars] for f in files]
+SGLANG_MODELS = ["qwen3", "llama3", "deepseek-v3"]
 
 
 def tokenizer_manager(path: Path):
@@ -123,7 +90,7 @@ async def _check_model(path: Path, out, pool: int = 0) -> int:
     from dtok.integrations import sglang as hook
 
     tm = tokenizer_manager(path)
-    differ = engine_venv.use_file_if_equal(tm.tokenizer, path / "tokenizer.json",
+    differ = engine_setup.use_file_if_equal(tm.tokenizer, path / "tokenizer.json",
                                            "DTOK_SGLANG_TOKENIZER")
     wrapper = hook.dtok_for(tm.tokenizer)
     source = "the file" if not differ else f"the live backend (differs in {', '.join(differ)})"
@@ -143,15 +110,15 @@ async def _check_model(path: Path, out, pool: int = 0) -> int:
         return list(tm.tokenizer([text])["input_ids"][0])
 
     bad_total = 0
-    corpus = _corpus()
+    texts = corpus()
     bad = 0
-    for i, t in enumerate(corpus):
+    for i, t in enumerate(texts):
         ref = sglang_own(t)
         bad += (await hooked(t) != ref) + (await hooked(t, session_id=f"s{i}") != ref)
-    out(f"  /generate: {len(corpus)} texts x (no key, session_id): mismatches={bad}")
+    out(f"  /generate: {len(texts)} texts x (no key, session_id): mismatches={bad}")
     bad_total += bad
 
-    turns = [c[:8000] for c in corpus[:30]]
+    turns = [c[:8000] for c in texts[:30]]
 
     def transcript(n):
         return "".join(f"<|im_start|>{'user' if k % 2 == 0 else 'assistant'}\n{turns[k]}"
@@ -177,7 +144,7 @@ async def _check_model(path: Path, out, pool: int = 0) -> int:
         bad_total += bad
 
     if getattr(tm.tokenizer, "chat_template", None) is None:
-        tm.tokenizer.chat_template = _FALLBACK_TEMPLATE
+        tm.tokenizer.chat_template = FALLBACK_TEMPLATE
     templates = TemplateManager()
     templates.initialize_templates(tokenizer_manager=tm, model_path=str(path))
     chat = OpenAIServingChat(tm, templates)
@@ -236,7 +203,8 @@ def main(argv=None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("names", nargs="*", default=list(MODELS), help="files in ../shared/tokenizers")
+    p.add_argument("names", nargs="*", default=SGLANG_MODELS,
+                   help=f"files in ../shared/tokenizers ({', '.join(MODELS)})")
     p.add_argument("--pool", type=int, default=0, help="DTOK_POOL_WORKERS for the hooks")
     p.add_argument("--rebuild", action="store_true", help="rebuild the venv from scratch")
     p.add_argument("--python", default=sys.executable, help="interpreter for a new venv")
@@ -244,13 +212,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if not args.inner:
         try:
-            py = engine_venv.ensure(VENV_NAME, f"sglang=={SGLANG_VERSION}", DEPS,
+            py = engine_setup.ensure(VENV_NAME, f"sglang=={SGLANG_VERSION}", DEPS,
                                     python=args.python, stubs=STUBS, rebuild=args.rebuild)
         except (OSError, subprocess.CalledProcessError) as exc:
             print(f"cannot build the SGLang venv: {exc}")
             return 2
         extra = ["--pool", str(args.pool)] if args.pool else []
-        return engine_venv.run_inside(py, Path(__file__).resolve(), [*args.names, *extra],
+        return engine_setup.run_inside(py, Path(__file__).resolve(), [*args.names, *extra],
                                       {"DTOK_SGLANG": "1", "DTOK_SHARED": str(SHARED),
                                        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     try:

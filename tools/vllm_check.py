@@ -5,7 +5,7 @@ Run from the repository root with any Python 3.10+:
     python tools/vllm_check.py [qwen3 llama3 deepseek-v3 gpt-oss] [--pool N] [--rebuild]
 
 The outer run (standard library only) builds or reuses a virtualenv outside the repository
-(``~/.cache/dtok/vllm-<version>-venv``, see tools/engine_venv.py) holding this checkout
+(``~/.cache/dtok/vllm-<version>-venv``, see tools/engine_setup.py) holding this checkout
 (editable) and the real vLLM from PyPI: ``torch==2.13.0`` (a CPU build on this machine), vLLM
 with ``--no-deps``, and what its render path imports. Then it runs itself inside that venv:
 
@@ -37,10 +37,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import engine_venv  # tools/engine_venv.py (this script's directory is on sys.path)
+import engine_setup  # tools/engine_setup.py (this script's directory is on sys.path)
+from engine_setup import FALLBACK_TEMPLATE, MODELS, SHARED, corpus, model_dir  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("DTOK_SHARED", ROOT.parent / "shared"))
 VLLM_VERSION = "0.33.0"
 VENV_NAME = f"vllm-{VLLM_VERSION}-venv"
 # What vLLM's render server imports, from vLLM 0.33.0's requirements (GPU kernels left out;
@@ -67,53 +67,20 @@ ENV = {"DTOK_VLLM": "1", "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
 def outer(args) -> int:
     """Build or reuse the venv, then run this script inside it."""
     try:
-        py = engine_venv.ensure(VENV_NAME, f"vllm=={VLLM_VERSION}", DEPS, python=args.python,
+        py = engine_setup.ensure(VENV_NAME, f"vllm=={VLLM_VERSION}", DEPS, python=args.python,
                                 rebuild=args.rebuild)
     except (OSError, subprocess.CalledProcessError) as exc:
         print(f"cannot build the vLLM venv: {exc}")
         return 2
     cmd = [*args.names, *(["--pool", str(args.pool)] if args.pool else []),
            *[flag for flag in ("--live", "--control") if getattr(args, flag[2:])]]
-    return engine_venv.run_inside(py, Path(__file__).resolve(), cmd, ENV)
+    return engine_setup.run_inside(py, Path(__file__).resolve(), cmd, ENV)
 
 
 # --- inner run: inside the venv ---------------------------------------------------------------
 
-_CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "num_hidden_layers": 2, "max_position_embeddings": 131072,
-           "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "torch_dtype": "bfloat16",
-           "hidden_act": "silu"}
-# gpt-oss gets a Llama config: with model_type gpt_oss vLLM renders chat with openai-harmony,
-# not with the tokenizer (not hooked by dtok; see the module docstring of the plugin).
-MODELS = {
-    "qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=16,
-                  vocab_size=151936, bos_token_id=151643, eos_token_id=151645),
-    "llama3": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256,
-                   bos_token_id=128000, eos_token_id=128009),
-    "deepseek-v3": dict(architectures=["LlamaForCausalLM"], model_type="llama",
-                        vocab_size=129280, bos_token_id=0, eos_token_id=1),
-    "gpt-oss": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=201088,
-                    bos_token_id=199998, eos_token_id=200002),
-}
-# For files without a chat template (llama3, gpt-oss): Llama-3's format.
-FALLBACK_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
-    "<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>{% endfor %}"
-    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
 MAX_MODEL_LEN = 131072
 TRANSCRIPT = "minisweagent-gemini3pro__django__django-11138.json"
-
-
-def model_dir(name: str, into: Path) -> Path:
-    """A weightless model directory: a config.json plus the real tokenizer files."""
-    import shutil
-
-    d = into / name
-    d.mkdir(parents=True, exist_ok=True)
-    for f in (SHARED / "tokenizers" / name).iterdir():
-        shutil.copy(f, d / f.name)
-    (d / "config.json").write_text(json.dumps({**_CONFIG, **MODELS[name]}))
-    return d
 
 
 async def render_app(path: Path, *extra: str):
@@ -136,11 +103,6 @@ async def render_app(path: Path, *extra: str):
     app = build_app(args, ("render",))
     await init_render_app_state(config, app.state, args)
     return app
-
-
-def corpus(n: int = 40, chars: int = 60000) -> list[str]:
-    files = sorted((SHARED / "corpus").glob("*/*.txt"))[:n]
-    return [f.read_bytes().decode("utf-8")[:chars] for f in files]
 
 
 def transcript_messages(target_chars: int = 200_000) -> list[dict]:
@@ -223,7 +185,7 @@ async def check_model(name: str, tmp: Path, out, pool_workers: int = 0,
     has_template = "chat_template" in json.loads((path / "tokenizer_config.json").read_text())
     app = await render_app(path, *([] if has_template else ["--chat-template", str(template)]))
     renderer = app.state.online_renderer.renderer
-    differ = engine_venv.use_file_if_equal(renderer.tokenizer, path / "tokenizer.json",
+    differ = engine_setup.use_file_if_equal(renderer.tokenizer, path / "tokenizer.json",
                                            "DTOK_VLLM_TOKENIZER")
     if live_only:
         os.environ.pop("DTOK_VLLM_TOKENIZER", None)
@@ -306,7 +268,7 @@ async def check_model(name: str, tmp: Path, out, pool_workers: int = 0,
         for state in plugin.HOOK.pool_state(tok):
             if state["ready"]:
                 st = state["stats"]
-                out(f"  pool stats: " + ", ".join(f"{k}={st[k]}" for k in (
+                out("  pool stats: " + ", ".join(f"{k}={st[k]}" for k in (
                     "requests", "stateless", "chunked", "session_inits", "session_repairs",
                     "session_hits", "failovers", "errors")))
         out(f"  dtok: encoder {tok.stats()['encoder']} ({'; '.join(tok.stats()['notes'])}), "

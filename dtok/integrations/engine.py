@@ -7,12 +7,23 @@ An engine module (``dtok.integrations.sglang``, ``dtok.integrations.vllm``) owns
 :meth:`EngineHook.encode` / :meth:`EngineHook.encode_async` where the engine tokenizes a prompt.
 Either returns ``None`` when dtok must stay out; the hook then calls the engine's own code.
 
+Identity: dtok is built from the engine's live tokenizer; when the engine's environment names
+the model's tokenizer.json (``DTOK_SGLANG_TOKENIZER`` / ``DTOK_VLLM_TOKENIZER``), from that file,
+after checking that it equals the live tokenizer in every section that decides IDs (so the
+fast encoder's guard tables, which are keyed by the file's hash, apply, and a pool can load
+it); then probe texts must encode identically both ways.
+
 Pool (``DTOK_POOL_WORKERS=N`` in the server's environment, or :func:`configure`): keyed
 sessions and stateless prompts of at least ``DTOK_POOL_MIN_CHARS`` characters (default 16384)
 go to a :class:`dtok.Pool` built from the same dtok tokenizer, awaited without blocking the
 event loop; shorter prompts stay in process. The pool starts in a background thread on first
-use (requests are encoded in process until it is ready); if it cannot start, everything stays
-in process and :meth:`EngineHook.pool_state` says why.
+use (requests are encoded in process until it is ready); if it cannot start (today: a
+tokenizer built from the live backend's bytes, which the pool cannot load), everything stays
+in process and :meth:`EngineHook.pool_state` says why. Unkeyed prompts sent to the pool get
+no content lookup (the pool's workers keep keyed sessions only).
+
+``DTOK_STATS_FILE=PATH`` (``{pid}`` expands to the process id): each hook's
+:meth:`EngineHook.report` is written there as JSON when the process exits.
 
 >>> session_key(session_id="conv-1", cache_salt="tenant")
 'sid:conv-1'
@@ -49,10 +60,12 @@ SESSION_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("dtok_s
 SECTIONS = ("model", "normalizer", "pre_tokenizer", "added_tokens", "post_processor")
 #: Texts encoded by the engine's tokenizer and by dtok before dtok may serve the engine.
 PROBES = (
-    "", "Hello, world!", " leading space", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "", "Hello, world!", " leading space",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
     "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nx<|eot_id|>",
     "<｜User｜>x<｜Assistant｜>", "<|start|>user<|message|>x<|end|>",
-    "数字 12345 καλημέρα 🙂\r\n\t  end   ", "a" * 5000, "don't you'll  \n\n\n  x", "cafe\u0301 \u0958/",
+    "数字 12345 καλημέρα 🙂\r\n\t  end   ", "a" * 5000, "don't you'll  \n\n\n  x",
+    "cafe\u0301 \u0958/",
 )
 
 
@@ -158,23 +171,38 @@ def _truncated(ids: list[int], tok, options: EncodeOptions) -> list[int] | None:
     return ids[:pre] + kept + ids[len(ids) - suf:]
 
 
-# --- pool configuration ---------------------------------------------------------------------
+# --- configuration --------------------------------------------------------------------------
 
-_POOL = {"workers": None, "min_chars": None, "options": None, "factory": None}
+_CONFIG: dict[str, Any] = {"workers": None, "min_chars": None, "options": None, "knobs": None}
 
 
 def configure(*, pool_workers: int | None = None, pool_min_chars: int | None = None,
               pool_options: dict[str, Any] | None = None,
-              pool_factory: Callable[..., Any] | None = None) -> None:
-    """Set the pool used by every hook in this process (overrides ``DTOK_POOL_WORKERS`` and
-    ``DTOK_POOL_MIN_CHARS``). ``pool_workers=0`` keeps everything in process.
-    ``pool_options`` are passed to :class:`dtok.Pool`; ``pool_factory(tokenizer, workers,
-    **options)`` replaces ``dtok.Pool`` itself (e.g. to build the pool from a file)."""
+              knobs: dict[str, Any] | None = None) -> None:
+    """Configure every hook in this process (overrides ``DTOK_POOL_WORKERS``,
+    ``DTOK_POOL_MIN_CHARS`` and ``DTOK_KNOBS``; None: the environment's value).
+    ``pool_workers=0`` keeps everything in process; ``pool_options`` go to :class:`dtok.Pool`;
+    ``knobs`` to :class:`dtok.Tokenizer` (e.g. ``{"session_bytes": 1 << 30}``) for tokenizers
+    built after this call."""
     for name, value in (("workers", pool_workers), ("min_chars", pool_min_chars)):
         if value is not None and (type(value) is not int or value < 0):
             raise ValueError(f"pool_{name} must be a non-negative int, got {value!r}")
-    _POOL.update(workers=pool_workers, min_chars=pool_min_chars, options=pool_options,
-                 factory=pool_factory)
+    _CONFIG.update(workers=pool_workers, min_chars=pool_min_chars, options=pool_options,
+                   knobs=knobs)
+
+
+def _knobs() -> dict[str, Any]:
+    if _CONFIG["knobs"] is not None:
+        return dict(_CONFIG["knobs"])
+    raw = os.environ.get("DTOK_KNOBS")
+    try:
+        knobs = json.loads(raw) if raw else {}
+        if not isinstance(knobs, dict):
+            raise ValueError("not a JSON object")
+        return knobs
+    except ValueError as exc:
+        log.warning("dtok: DTOK_KNOBS=%r ignored: %s", raw, exc)
+        return {}
 
 
 def _env_int(name: str, default: int) -> int:
@@ -186,21 +214,27 @@ def _env_int(name: str, default: int) -> int:
 
 
 def _pool_workers() -> int:
-    return _POOL["workers"] if _POOL["workers"] is not None else _env_int("DTOK_POOL_WORKERS", 0)
+    return (_CONFIG["workers"] if _CONFIG["workers"] is not None
+            else _env_int("DTOK_POOL_WORKERS", 0))
 
 
 def _pool_min_chars() -> int:
-    return (_POOL["min_chars"] if _POOL["min_chars"] is not None
+    return (_CONFIG["min_chars"] if _CONFIG["min_chars"] is not None
             else _env_int("DTOK_POOL_MIN_CHARS", 16384))
 
 
+# The open-loop testbed's best design (README, Benchmarks): small chunks, shortest first, and
+# aging 0.01 so that appends overtake a burst of long documents. Applied where this Pool
+# version has the parameter.
+POOL_DEFAULTS = {"aging": 0.01, "chunks_per_worker": 8, "name": "serving"}
+
+
 def _new_pool(tok, workers: int):
-    # aging=0.01: appends overtake a burst of long documents (see README, open-loop testbed)
-    options = {"aging": 0.01, "name": "serving", **(_POOL["options"] or {})}
-    if _POOL["factory"] is not None:
-        return _POOL["factory"](tok, workers, **options)
     import dtok
 
+    accepted = inspect.signature(dtok.Pool).parameters
+    options = {k: v for k, v in POOL_DEFAULTS.items() if k in accepted}
+    options.update(_CONFIG["options"] or {})
     return dtok.Pool(tok, workers=workers, **options)
 
 
@@ -336,7 +370,7 @@ class EngineHook:
             from dtok.integrations.transformers import wrap
 
             # built from the frozen file when given (checked equal to the live backend)
-            wrapper = wrap(hf, source=frozen)
+            wrapper = wrap(hf, source=frozen, **_knobs())
             for special in (True, False):
                 for text in PROBES:
                     want = hf([text], add_special_tokens=special)["input_ids"][0]

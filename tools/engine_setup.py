@@ -1,6 +1,7 @@
-"""A cached virtualenv holding a serving engine from PyPI and this checkout (editable), for
-tools/vllm_check.py, tools/sglang_check.py and benches/bench_serving.py. Standard library only,
-so the tools run from any Python 3.10+.
+"""What the serving-engine tools share (tools/vllm_check.py, tools/sglang_check.py,
+tools/router_replicas.py, benches/bench_serving.py): a cached virtualenv holding an engine from
+PyPI and this checkout (editable), and weightless model directories around the real tokenizer
+files. Standard library only, so the tools run from any Python 3.10+.
 
 The engine is installed with ``--no-deps`` beside a CPU torch and the dependencies its
 tokenization path imports (each tool lists them); a stamp file records what was installed, so
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("DTOK_SHARED", ROOT.parent / "shared"))
 CACHE = Path(os.environ.get("DTOK_ENGINE_VENVS", Path.home() / ".cache" / "dtok"))
 # The local CPU wheel on the development machine; elsewhere pip downloads torch 2.13.0.
 TORCH = "torch==2.13.0"
@@ -25,8 +27,9 @@ TORCH = "torch==2.13.0"
 DTOK_DEPS = ["cython>=3.0", "setuptools>=64,<81", "wheel", "posix_ipc>=1.1", "fastokens==0.3.5",
              "numpy", "setproctitle"]
 
-_STUB = '''"""A stand-in written by dtok's tools/engine_venv.py: the real package cannot be installed
-in this check venv; the engine imports it at module level only for code the checks never run."""
+_STUB = '''"""A stand-in written by dtok's tools/engine_setup.py: the real package cannot be
+installed in this check venv; the engine imports it at module level only for code the checks
+never run."""
 
 
 class _Anything(type):
@@ -36,7 +39,7 @@ class _Anything(type):
 
 class _Missing(metaclass=_Anything):
     def __init__(self, *a, **k):
-        raise ImportError("{name} is a stub in this venv (tools/engine_venv.py)")
+        raise ImportError("{name} is a stub in this venv (tools/engine_setup.py)")
 
 
 def __getattr__(name):
@@ -113,3 +116,47 @@ def run_inside(python: Path, script: Path, args: list[str], env: dict[str, str])
     """Run ``script --inner ARGS`` with the venv's interpreter from the repository root."""
     return subprocess.run([str(python), str(script), "--inner", *args],
                           env={**os.environ, **env}, cwd=str(ROOT)).returncode
+
+
+# --- weightless model directories -------------------------------------------------------------
+
+# Just enough model config for the engines' model configs; no weights are loaded.
+_CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "num_hidden_layers": 2, "max_position_embeddings": 131072,
+           "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "torch_dtype": "bfloat16",
+           "hidden_act": "silu"}
+# gpt-oss gets a Llama config: with model_type gpt_oss vLLM renders chat with openai-harmony,
+# not with the tokenizer (not hooked by dtok; see dtok/integrations/vllm.py).
+MODELS = {
+    "qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=16,
+                  vocab_size=151936, bos_token_id=151643, eos_token_id=151645),
+    "llama3": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256,
+                   bos_token_id=128000, eos_token_id=128009),
+    "deepseek-v3": dict(architectures=["LlamaForCausalLM"], model_type="llama",
+                        vocab_size=129280, bos_token_id=0, eos_token_id=1),
+    "gpt-oss": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=201088,
+                    bos_token_id=199998, eos_token_id=200002),
+}
+# For files without a chat template (llama3, gpt-oss): Llama-3's format.
+FALLBACK_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
+    "<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+
+
+def model_dir(name: str, into: Path) -> Path:
+    """A weightless model directory: a config.json plus the real tokenizer files."""
+    import shutil
+
+    d = into / name
+    d.mkdir(parents=True, exist_ok=True)
+    for f in (SHARED / "tokenizers" / name).iterdir():
+        shutil.copy(f, d / f.name)
+    (d / "config.json").write_text(json.dumps({**_CONFIG, **MODELS[name]}))
+    return d
+
+
+def corpus(n: int = 40, chars: int = 60000) -> list[str]:
+    """The first ``chars`` characters of the first ``n`` corpus files."""
+    files = sorted((SHARED / "corpus").glob("*/*.txt"))[:n]
+    return [f.read_bytes().decode("utf-8")[:chars] for f in files]
