@@ -36,6 +36,7 @@ import os
 import random
 import statistics
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -295,6 +296,67 @@ def inner(args) -> int:
     return 0
 
 
+def appends(args) -> int:
+    """The hooked path's cost of one append, end to end, in this interpreter (no engine): a
+    400-character append to a keyed session of 100K and 1M characters through
+    ``EngineHook.encode`` (what both hooks call; the IDs as a list: the tokenizer's
+    ``encode_list`` where it has one, else ``list()`` of the view), against dtok's own
+    ``encode`` (a view) and the ``list()`` alone; interleaved, ``--repeats`` rounds."""
+    from common import header, machine, summary, write_json
+    from transformers import AutoTokenizer
+
+    from dtok.integrations import engine
+    from dtok.integrations.engine import EncodeOptions
+
+    info = machine()
+    print(header(info), flush=True)
+    path = engine_setup.SHARED / "tokenizers" / args.tokenizer
+    os.environ["DTOK_APPENDS_FILE"] = str(path)
+    hook = engine.EngineHook("bench", frozen_env="DTOK_APPENDS_FILE")
+    wrapper = hook.dtok_for(AutoTokenizer.from_pretrained(str(path)))
+    tok = wrapper.current()
+    has_list = hasattr(tok, "encode_list")
+    print(f"# {args.tokenizer}, encoder {tok.stats()['encoder']}, encode_list "
+          f"{'yes' if has_list else 'no (list() of the view)'}", flush=True)
+    from dtok.chat import render_turns
+
+    files = sorted((engine_setup.SHARED / "corpus" / "transcripts").glob("minisweagent-*.json"))
+    rendered = [render_turns(json.loads(f.read_bytes()), "qwen")[-1] for f in files]
+    base = ""
+    for text in rendered[1:]:  # agent transcripts, one after another, past 1M characters
+        base += text
+        if len(base) > 1_000_000:
+            break
+    text_pieces = [rendered[0][i:i + 400] for i in range(0, len(rendered[0]) - 400, 400)]
+    result = {"info": {**info, "tokenizer": args.tokenizer, "encode_list": has_list}, "sizes": {}}
+    for size in (100_000, 1_000_000):
+        rows = {"hook.encode (list)": [], "dtok encode (view)": [], "list(view)": []}
+        for rep in range(args.repeats):
+            texts = {"hook": base[:size], "view": base[:size]}
+            hook.encode(wrapper, texts["hook"], EncodeOptions(), f"h{size}-{rep}")
+            tok.encode(texts["view"], session=f"v{size}-{rep}")
+            for i in range(200):
+                piece = text_pieces[i % len(text_pieces)]
+                texts["hook"] += piece
+                t0 = time.perf_counter()
+                hook.encode(wrapper, texts["hook"], EncodeOptions(), f"h{size}-{rep}")
+                rows["hook.encode (list)"].append(time.perf_counter() - t0)
+                texts["view"] += piece
+                t0 = time.perf_counter()
+                view = tok.encode(texts["view"], session=f"v{size}-{rep}")
+                rows["dtok encode (view)"].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                list(view)
+                rows["list(view)"].append(time.perf_counter() - t0)
+                del view
+        result["sizes"][size] = {k: summary(v) for k, v in rows.items()}
+        for k, v in result["sizes"][size].items():
+            print(f"{size:>9,} chars  {k:20s} median {v['median_ms']:.3f} ms  P99 "
+                  f"{v['p99_ms']:.3f} ms  min {v['min_ms']:.3f} ms  ({v['n']})", flush=True)
+    print("wrote", write_json(f"serving-appends-{args.tokenizer}.json", result))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--engine", choices=["vllm", "sglang", "both"], default="both")
@@ -310,7 +372,11 @@ def main(argv=None) -> int:
     p.add_argument("--burst-every", type=float, default=10.0,
                    help="seconds between clusters of four 1M-character documents")
     p.add_argument("--inner", action="store_true", help="run here (the engine must import)")
+    p.add_argument("--appends", action="store_true",
+                   help="only the hooked append's end-to-end cost, here, without an engine")
     args = p.parse_args(argv)
+    if args.appends:
+        return appends(args)
     return inner(args) if args.inner else outer(args)
 
 

@@ -23,9 +23,13 @@ def hf(name):
 
 
 def test_session_key_order():
-    r = SimpleNamespace(session_id="s1", cache_salt="c", rid="conv:7")
+    r = SimpleNamespace(session_id="s1", routing_key="rk", cache_salt="c", rid="conv:7")
+    raw = SimpleNamespace(headers={"x-smg-routing-key": "hdr"})
     assert hook.session_key(r, ":") == "sid:s1"
     r.session_id = None
+    assert hook.session_key(r, ":") == "sid:rk"  # the model gateway's routing key
+    r.routing_key = None
+    assert hook.session_key(r, ":", raw) == "sid:hdr"  # chat path: from the HTTP header
     assert hook.session_key(r, ":") == "salt:c"
     r.cache_salt = ""
     assert hook.session_key(r, ":") == "rid:conv"
@@ -80,6 +84,7 @@ def test_hooks_route_prompts_through_dtok_exactly():
     tm._tokenize_texts = types.MethodType(texts, tm)
     tm._tokenize_one_request = types.MethodType(one, tm)
     base = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:30000]
+    assert hook.dtok_for(tok) is not None  # built here (on the loop it is built in background)
     before = dict(hook.stats)
 
     async def run():
@@ -132,6 +137,26 @@ def test_pool_backed_tokenize_texts(monkeypatch):
         engine.configure()
         if pool is not None:
             pool.close()
+
+
+def test_first_request_on_the_loop_does_not_wait_for_the_build():
+    """On the event loop dtok is built in the background; SGLang's own code serves the request
+    that started it, and dtok the ones after the build."""
+    import time
+
+    tok = hf("gpt-oss")
+    tm = FakeTokenizerManager(tok)
+    orig = FakeTokenizerManager._tokenize_texts
+    before = dict(hook.stats)
+    ids, _ = asyncio.run(hook._tokenize_texts(orig, tm, "hello there"))
+    assert ids == tok(["hello there"])["input_ids"][0]
+    assert hook.stats["passed_through"] - before["passed_through"] == 1
+    deadline = time.monotonic() + 120
+    while hook.HOOK.dtok_for(tok, wait=False) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ids, _ = asyncio.run(hook._tokenize_texts(orig, tm, "hello there"))
+    assert ids == tok(["hello there"])["input_ids"][0]
+    assert hook.stats["dtok_calls"] - before["dtok_calls"] == 1
 
 
 def test_stays_out_of_overridden_tokenizers():

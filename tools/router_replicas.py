@@ -1,18 +1,22 @@
 """Two vLLM render-server replicas with dtok behind the real vllm-router, on a CPU.
 
-    python tools/router_replicas.py [--tokenizer qwen3] [--sessions 8] [--turns 12]
-                                    [--policies consistent_hash round_robin]
+    python tools/router_replicas.py [--tokenizer qwen3] [--sessions 9] [--turns 12]
+                                    [--policies consistent_hash round_robin] [--no-body-key]
 
 Runs in tools/vllm_check.py's cached venv (plus ``vllm-router`` from PyPI). For each router
 policy: two ``vllm launch render`` replicas (GPU-less render servers, dtok's plugin on with
 ``DTOK_VLLM=1``, built from the model's tokenizer.json, each writing its dtok report at exit
 through ``DTOK_STATS_FILE``), and ``vllm-router --policy POLICY`` in front of them. Agent
-sessions are replayed turn by turn through the router's ``/tokenize`` with an ``X-Session-ID``
-header (sessions interleaved); every answer is compared with the reference ``tokenizers``
-library on the same file. Prints per replica: requests, keyed requests, full encodes, repairs,
-stored sessions and bytes; and the turn latency through the router. ``consistent_hash`` pins a
-session to one replica (vllm-router hashes ``X-Session-ID`` first); ``round_robin`` spreads its
-turns, so every replica pays a full encode per session and stores it.
+sessions are replayed turn by turn, interleaved, through the router's
+``/v1/completions/render`` with an ``X-Session-ID`` header (which the router hashes) and,
+unless ``--no-body-key``, the same key as the body's ``session_id`` (vllm-router 0.1.17
+forwards client headers on its OpenAI routes but not on ``/tokenize`` or the render paths it
+proxies; without a key the replicas find each session by content lookup). Every answer is
+compared with the reference ``tokenizers`` library on the same file. Prints per replica:
+requests, keyed requests, full encodes, repairs, stored sessions and bytes; and the turn
+latency through the router. ``consistent_hash`` pins a session to one replica;
+``round_robin`` spreads its turns, so each replica pays a full encode per session and stores
+it.
 
 The last line is ``N requests, M mismatches``; exit status 1 on a mismatch, 2 when the venv,
 the replicas or the router cannot start.
@@ -47,7 +51,8 @@ def outer(args) -> int:
         print(f"cannot build the venv: {exc}")
         return 2
     argv = [f"--tokenizer={args.tokenizer}", f"--sessions={args.sessions}",
-            f"--turns={args.turns}", "--policies", *args.policies]
+            f"--turns={args.turns}", "--policies", *args.policies,
+            *(["--no-body-key"] if args.no_body_key else [])]
     return engine_setup.run_inside(py, Path(__file__).resolve(), argv, vllm_check.ENV)
 
 
@@ -97,7 +102,7 @@ def sessions(n: int, turns: int, style: str) -> list[list[str]]:
 
 
 def run_policy(policy: str, model: Path, work: Path, replay: list[list[str]], reference,
-               log) -> tuple[int, int, list[dict], list[float]]:
+               log, body_key: bool) -> tuple[int, int, list[dict], list[float]]:
     import httpx
 
     py = sys.executable
@@ -125,13 +130,16 @@ def run_policy(policy: str, model: Path, work: Path, replay: list[list[str]], re
                 for i, texts in enumerate(replay):
                     if turn >= len(texts):
                         continue
+                    body = {"model": str(model), "prompt": texts[turn], "max_tokens": 1}
+                    if body_key:
+                        body["session_id"] = f"session-{i}"
                     t0 = time.perf_counter()
-                    r = client.post("/tokenize", json={"model": str(model), "prompt": texts[turn]},
+                    r = client.post("/v1/completions/render", json=body,
                                     headers={"X-Session-ID": f"session-{i}"})
                     latencies.append(time.perf_counter() - t0)
                     requests += 1
                     want = reference.encode(texts[turn]).ids
-                    if r.status_code != 200 or r.json().get("tokens") != want:
+                    if r.status_code != 200 or r.json()[0].get("token_ids") != want:
                         mismatches += 1
                         print(f"  MISMATCH {policy} session {i} turn {turn}: {r.status_code}")
     finally:
@@ -155,12 +163,14 @@ def inner(args) -> int:
     replay = sessions(args.sessions, args.turns, style)
     chars = [len(s[-1]) for s in replay]
     print(f"# {args.sessions} sessions x {args.turns} turns ({min(chars):,}-{max(chars):,} chars "
-          f"at the last turn), {args.tokenizer}, 2 render replicas, {ROUTER}", flush=True)
+          f"at the last turn), {args.tokenizer}, 2 render replicas, {ROUTER}, key in the header"
+          f"{'' if args.no_body_key else ' and the body'}", flush=True)
     total = bad = 0
     with open(work / "servers.log", "w") as log:
         for policy in args.policies:
             try:
-                n, m, reports, lat = run_policy(policy, model, work, replay, reference, log)
+                n, m, reports, lat = run_policy(policy, model, work, replay, reference, log,
+                                                not args.no_body_key)
             except RuntimeError as exc:
                 print(f"{policy}: cannot run: {exc} (log: {work / 'servers.log'})")
                 return 2
@@ -186,9 +196,11 @@ def inner(args) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokenizer", default="qwen3")
-    p.add_argument("--sessions", type=int, default=8)
+    p.add_argument("--sessions", type=int, default=9)  # odd: round robin spreads each session
     p.add_argument("--turns", type=int, default=12)
     p.add_argument("--policies", nargs="+", default=["consistent_hash", "round_robin"])
+    p.add_argument("--no-body-key", action="store_true",
+                   help="the key in the header only (the replicas then see no key)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     return inner(args) if args.inner else outer(args)

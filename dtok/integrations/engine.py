@@ -308,6 +308,7 @@ class EngineHook:
         self._by_tok: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._refused: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._building: weakref.WeakSet = weakref.WeakSet()
         #: False: every hook passes through to the engine's own code (checks, operators)
         self.enabled = True
         if os.environ.get("DTOK_STATS_FILE") and not _HOOKS:
@@ -316,9 +317,11 @@ class EngineHook:
 
     # --- which tokenizers dtok serves -------------------------------------------------------
 
-    def dtok_for(self, hf_tokenizer):
+    def dtok_for(self, hf_tokenizer, *, wait: bool = True):
         """dtok's wrapper for the engine's tokenizer, or None when dtok must stay out (cached
-        per tokenizer object)."""
+        per tokenizer object). Building it takes seconds (the probes, the fast encoder); with
+        ``wait=False`` (on an event loop) a tokenizer not built yet is built in a background
+        thread and None is returned meanwhile: the engine's own code serves those requests."""
         if hf_tokenizer is None or not self.enabled:
             return None
         try:
@@ -327,6 +330,13 @@ class EngineHook:
             if hf_tokenizer in self._refused:
                 return None
         except TypeError:  # not weak-referenceable
+            return None
+        if not wait:
+            with self._lock:
+                if hf_tokenizer not in self._building:
+                    self._building.add(hf_tokenizer)
+                    threading.Thread(target=self.dtok_for, args=(hf_tokenizer,),
+                                     name="dtok-build", daemon=True).start()
             return None
         with self._lock:
             if hf_tokenizer not in self._by_tok and hf_tokenizer not in self._refused:

@@ -20,8 +20,10 @@ behind an encode), waited for in the chat path's executor thread.
 
 SGLang's tokenizer object is never replaced (type checks, chat templates, decoding and grammar
 backends keep seeing its own). Session key, first found: SGLang's ``session_id`` (the whole
-transcript every turn), then the ``cache_salt``, then the request id up to
-``DTOK_SGLANG_RID_SEP`` when that separator is set and present; no key: dtok's content lookup.
+transcript every turn), then the model gateway's routing key (``routing_key``, which SGLang's
+OpenAI server fills from the ``x-smg-routing-key`` header), then the ``cache_salt``, then the
+request id up to ``DTOK_SGLANG_RID_SEP`` when that separator is set and present; no key: dtok's
+content lookup.
 
 Identity: dtok is built from the tokenizer SGLang actually loaded (its live backend, after
 SGLang's own post-load fixes). With ``DTOK_SGLANG_TOKENIZER=/path/tokenizer.json`` that file is
@@ -55,11 +57,18 @@ _build = HOOK.build
 _KEY = SESSION_KEY
 
 
-def session_key(request, rid_separator: str | None = None) -> str | None:
-    """The session key of a GenerateReqInput or an OpenAI request, or None."""
+ROUTING_KEY_HEADER = "x-smg-routing-key"  # SGLang's model gateway pins a session by it
+
+
+def session_key(request, rid_separator: str | None = None, raw_request=None) -> str | None:
+    """The session key of a GenerateReqInput or an OpenAI request (and its HTTP request), or
+    None: ``session_id``, else the gateway's routing key (``routing_key``, or the
+    ``x-smg-routing-key`` header), else ``cache_salt``, else the ``rid`` prefix."""
     sep = rid_separator if rid_separator is not None else os.environ.get("DTOK_SGLANG_RID_SEP")
-    return engine.session_key(session_id=getattr(request, "session_id", None),
-                              cache_salt=getattr(request, "cache_salt", None),
+    headers = getattr(raw_request, "headers", None)
+    sid = (getattr(request, "session_id", None) or getattr(request, "routing_key", None)
+           or (headers.get(ROUTING_KEY_HEADER) if headers is not None else None))
+    return engine.session_key(session_id=sid, cache_salt=getattr(request, "cache_salt", None),
                               request_id=getattr(request, "rid", None), rid_separator=sep)
 
 
@@ -76,7 +85,9 @@ async def _tokenize_texts(orig, self, texts, is_cross_encoder=False, *args, **kw
             and getattr(self, "is_generation", False)
             and not getattr(getattr(self, "model_config", None), "is_embedding_gemma", False)):
         try:
-            wrapper = dtok_for(self.tokenizer)
+            # on SGLang's event loop: dtok is built in the background at the first request,
+            # which SGLang's own code serves meanwhile
+            wrapper = dtok_for(self.tokenizer, wait=False)
             if wrapper is not None:
                 # SGLang calls self.tokenizer([text]): add_special_tokens defaults to True.
                 # On the event loop: keyed and long prompts are awaited from the pool.
@@ -89,10 +100,10 @@ async def _tokenize_texts(orig, self, texts, is_cross_encoder=False, *args, **kw
     return await orig(self, texts, is_cross_encoder, *args, **kwargs)
 
 
-def _convert_to_internal_request(orig, self, request, *args, **kwargs):
+def _convert_to_internal_request(orig, self, request, raw_request=None, *args, **kwargs):
     # runs in an executor thread (SGLang's run_in_executor), so the key is bound here
-    with bound_key(session_key(request)):
-        return orig(self, request, *args, **kwargs)
+    with bound_key(session_key(request, raw_request=raw_request)):
+        return orig(self, request, raw_request, *args, **kwargs)
 
 
 def _parallel_prompt_encode(orig, tokenizer, text, encode_kwargs=None, *args, **kwargs):

@@ -88,8 +88,9 @@ async def _bind_request_key(orig, self, request, raw_request=None, *args, **kwar
         return await orig(self, request, raw_request, *args, **kwargs)
 
 
-def _dtok_ids(renderer, prompt, params):
-    """(wrapper, text, options) when dtok may answer this ``_tokenize_prompt`` call, else None."""
+def _dtok_ids(renderer, prompt, params, wait: bool = True):
+    """(wrapper, text, options) when dtok may answer this ``_tokenize_prompt`` call, else None.
+    ``wait=False``: never build dtok here (an event loop), return None until it is built."""
     text = prompt.get("prompt") if isinstance(prompt, dict) else None
     if not isinstance(text, str) or renderer._wants_offsets(prompt, params):
         return None
@@ -97,7 +98,7 @@ def _dtok_ids(renderer, prompt, params):
     options = encode_options(tokenizer, params.get_encode_kwargs())
     if options is None:
         return None
-    wrapper = dtok_for(tokenizer)
+    wrapper = dtok_for(tokenizer, wait=wait)
     return None if wrapper is None else (wrapper, text, options)
 
 
@@ -135,7 +136,8 @@ def _renderer_init(orig, self, *args, **kwargs):
 
     async def tokenize_prompt_async(prompt, params):
         try:
-            call = _dtok_ids(self, prompt, params)
+            # on the event loop: only a built dtok and a started pool; the rest in the executor
+            call = _dtok_ids(self, prompt, params, wait=False)
             if call is not None and HOOK.pool_route(call[0], call[1], SESSION_KEY.get()):
                 ids = await HOOK.encode_async(*call, SESSION_KEY.get())
                 if ids is not None:
