@@ -85,8 +85,9 @@ def ensure(name: str, engine: str, deps: list[str], *, python: str = sys.executa
         for package, submodules in (stubs or {}).items():
             _write_stub(py, package, submodules)
         stamp.write_text(json.dumps(want))
+    # from "/", so that a dtok in the current directory does not answer for the venv's
     where = subprocess.run([str(py), "-c", "import dtok, sys; sys.stdout.write(dtok.__file__)"],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, cwd="/")
     if where.returncode != 0 or not Path(where.stdout).resolve().is_relative_to(ROOT):
         _pip(py, "--no-deps", "--no-build-isolation", "-e", str(ROOT))
     return py
