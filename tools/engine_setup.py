@@ -108,6 +108,22 @@ def use_file_if_equal(live_tokenizer, file: Path, env_name: str) -> list[str]:
     return differ
 
 
+def hook_summary(hook, tok) -> list[str]:
+    """Lines for a check's output (inside a venv): the hook's counters, its pool's counters for
+    dtok tokenizer ``tok``, the encoder and the session stats."""
+    lines = [f"  hook stats: {hook.stats}"]
+    for state in hook.pool_state(tok):
+        if state["ready"]:
+            st = state["stats"]
+            lines.append("  pool stats: " + ", ".join(f"{k}={st[k]}" for k in (
+                "requests", "stateless", "chunked", "session_inits", "session_repairs",
+                "session_hits", "failovers", "errors") if k in st))
+    stats = tok.stats()
+    lines.append(f"  dtok: encoder {stats['encoder']} ({'; '.join(stats['notes'])}), "
+                 f"sessions {tok.sessions.stats()}")
+    return lines
+
+
 def built(name: str) -> bool:
     """Whether venv ``name`` was built (tests run the tools only then; they never build it)."""
     return (CACHE / name / "dtok-stamp.json").exists()

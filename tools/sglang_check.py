@@ -165,15 +165,8 @@ async def _check_model(path: Path, out, pool: int = 0) -> int:
     out(f"  chat: 6 growing requests, mismatches={bad}, "
         f"through dtok={hook.stats['dtok_calls'] - before}")
     bad_total += bad
-    out(f"  hook stats: {hook.stats}")
-    tok = wrapper.current()
-    for state in hook.HOOK.pool_state(tok):
-        if state["ready"]:
-            st = state["stats"]
-            out("  pool stats: " + ", ".join(f"{k}={st[k]}" for k in (
-                "requests", "stateless", "chunked", "session_inits", "session_repairs",
-                "session_hits", "failovers", "errors")))
-    out(f"  dtok: encoder {tok.stats()['encoder']}, sessions {tok.sessions.stats()}")
+    for line in engine_setup.hook_summary(hook.HOOK, wrapper.current()):
+        out(line)
     return bad_total
 
 

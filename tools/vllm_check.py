@@ -263,16 +263,8 @@ async def check_model(name: str, tmp: Path, out, pool_workers: int = 0,
         await check.both("over-long prompt", cmpl, {"model": model, "prompt": long_text})
         out(f"  truncation: truncate_prompt_tokens 7 and 1000 (with and without key), an "
             f"over-long prompt of {len(long_text):,} chars")
-        tok = wrapper.current()
-        out(f"  hook stats: {plugin.stats}")
-        for state in plugin.HOOK.pool_state(tok):
-            if state["ready"]:
-                st = state["stats"]
-                out("  pool stats: " + ", ".join(f"{k}={st[k]}" for k in (
-                    "requests", "stateless", "chunked", "session_inits", "session_repairs",
-                    "session_hits", "failovers", "errors")))
-        out(f"  dtok: encoder {tok.stats()['encoder']} ({'; '.join(tok.stats()['notes'])}), "
-            f"sessions {tok.sessions.stats()}")
+        for line in engine_setup.hook_summary(plugin.HOOK, wrapper.current()):
+            out(line)
         return check.requests, check.mismatches
 
 

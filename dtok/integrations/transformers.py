@@ -127,7 +127,7 @@ class DtokTransformersTokenizer:
         if isinstance(text, str) and text_pair is None and self._ours(kwargs) \
                 and kwargs.get("return_tensors") is None:
             return list(self.current().encode(text, session=session,
-                                             add_special_tokens=add_special_tokens))
+                                              add_special_tokens=add_special_tokens))
         return self.hf.encode(text, text_pair, add_special_tokens=add_special_tokens, **kwargs)
 
     def __call__(self, text=None, text_pair=None, add_special_tokens: bool = True, *,
