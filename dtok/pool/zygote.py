@@ -1,7 +1,8 @@
 """The zygote: a fresh process that loads the tokenizer once and forks the pool's workers.
 
 The front end may have threads (an event loop, encoder threads, fastokens' own pool); forking it
-would copy locks held by them. The zygote is started fresh (``python -m dtok.pool.zygote``),
+would copy locks held by them. The zygote is started fresh (a new interpreter that imports the
+front end's own ``dtok``, see ``zygote_client``),
 loads the tokenizer with every library single-threaded (``FASTOKENS_BPE_THREADS=1``,
 ``TOKENIZERS_PARALLELISM=false``, ``OPENBLAS_NUM_THREADS=1``, ...: see
 ``zygote_client.ZYGOTE_ENV``), encodes nothing, and forks workers on request, so they share its
