@@ -30,6 +30,7 @@ import threading
 import time
 import weakref
 import zlib
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Hashable
@@ -156,7 +157,7 @@ class Pool:
                  name: str | None = None, max_sessions: int = 4096,
                  session_bytes: int = 128 << 20, shm_bytes: int | None = None,
                  spin_us: int = 200, chunks_per_worker: int = 1,
-                 stateless_queue: str = "shared") -> None:
+                 stateless_queue: str = "shared", worker_nice: int = 5) -> None:
         if isinstance(tokenizer_or_path, Tokenizer):
             self.tokenizer = tokenizer_or_path
             worker_knobs = dict(tokenizer_or_path.knobs)
@@ -180,6 +181,7 @@ class Pool:
         self.request_timeout, self.start_timeout = float(request_timeout), float(start_timeout)
         self.worker_start_timeout = float(worker_start_timeout)
         self.spin_us = spin_us
+        self.worker_nice = worker_nice
         self.chunks_per_worker = chunks_per_worker
         self.stateless_queue = stateless_queue
         self._rr = itertools.count()
@@ -189,6 +191,7 @@ class Pool:
         a = self.tokenizer.admission
         self._prefix_ids, self._suffix_ids = a.prefix, a.suffix
         self._lock = threading.RLock()
+        self._finishing: deque = deque()  # results to convert to lists, outside the lock
         self._closed = False
         self._t0 = time.monotonic()
         self.prefix = shm.new_prefix()
@@ -242,7 +245,8 @@ class Pool:
                  "max_chunks": self.max_chunks, "scan_budget": list(self.tokenizer.knobs["scan_budget"])}
         config = {"prefix": self.prefix, "name": self.name, "path": str(files.path),
                   "config": files.config, "sha256": self.tokenizer.admission.sha256,
-                  "knobs": knobs, "spin_us": self.spin_us, **self._test_config}
+                  "knobs": knobs, "spin_us": self.spin_us, "worker_nice": self.worker_nice,
+                  **self._test_config}
         try:
             self.zygote = ZygoteClient(self._res, config, _tokenizer_bytes(self.tokenizer))
             loaded = self.zygote.wait_loaded(deadline)
@@ -382,6 +386,7 @@ class Pool:
                     self._assign()  # a next chunk sent from here is waited on here too
                 elif left <= 0:
                     self._check_timeouts()
+            self._finish_lists()
         req.direct = []  # the tasks refer to the request: no cycle keeps its result alive
         return req.future.result()
 
@@ -464,6 +469,10 @@ class Pool:
         if type(text) is not str or type(special) is not bool or not self._channels:
             self._in_process(req, inline=waiter is not None)
             return req
+        # A long stateless text is planned and cut before the lock is taken: other threads
+        # (the dispatcher, an event loop's next request) do not wait behind the copies.
+        pieces = self._chunks(text) if session is None and len(text) >= self.chunk_threshold \
+            else None
         with self._lock:
             if not any(ch.alive or ch.ready_by for ch in self._channels):
                 self._in_process(req, inline=waiter is not None)
@@ -474,8 +483,8 @@ class Pool:
                 req.meta = meta
                 meta.queue.append(req)
                 self._start_session_request(meta)
-            elif len(text) >= self.chunk_threshold:
-                self._submit_chunked(req)
+            elif pieces is not None and len(pieces) > 1:
+                self._submit_chunked(req, pieces)
             else:
                 self._counts["stateless"] += 1
                 self._push_stateless(Task(P.OP_ENCODE, "stateless", req, text,
@@ -512,25 +521,23 @@ class Pool:
             worker = live[next(self._rr) % len(live)].index
         self.queues.push(worker, task, time.monotonic())
 
-    def _submit_chunked(self, req: Request) -> None:
-        text = req.text
-        live = max(1, len(self._live()))
+    def _chunks(self, text: str) -> list[str]:
+        """The chunks of a long stateless text: as many as the live workers take
+        (``chunks_per_worker`` each), cut by the in-process planner."""
+        live = max(1, sum(ch.alive for ch in self._channels))
         k = min(chunk_count(len(text), self.chunk_target, self.max_chunks),
                 live * self.chunks_per_worker)
-        cuts = chunk_cuts(self.tokenizer.rules, text, k, self.tokenizer.knobs["scan_budget"])
-        if not cuts:
-            self._counts["stateless"] += 1
-            self._push_stateless(Task(P.OP_ENCODE, "stateless", req, text,
-                                      self.estimator.weight(text)))
-            return
+        bounds = [0, *chunk_cuts(self.tokenizer.rules, text, k,
+                                 self.tokenizer.knobs["scan_budget"]), len(text)]
+        return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    def _submit_chunked(self, req: Request, pieces: list[str]) -> None:
         req.kind = "chunked"
-        bounds = [0, *cuts, len(text)]
-        req.parts = [None] * (len(bounds) - 1)
-        req.pending = len(req.parts)
+        req.parts = [None] * len(pieces)
+        req.pending = len(pieces)
         self._counts["chunked"] += 1
-        self._counts["chunks"] += len(req.parts)
-        for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
-            piece = text[a:b]
+        self._counts["chunks"] += len(pieces)
+        for i, piece in enumerate(pieces):
             self._push_stateless(Task(P.OP_ENCODE, "chunk", req, piece,
                                       self.estimator.weight(piece), index=i))
 
@@ -676,12 +683,29 @@ class Pool:
             self._resolve(req, self.sessions.view(meta, req.special))
 
     def _resolve(self, req: Request, value) -> None:
-        if req.want_list and not isinstance(value, list):
-            value = value.tolist()
         if self.trace is not None:
             self.trace.append((req.kind, *req.times))
-        if not req.future.done():
+        if req.want_list and not isinstance(value, list):
+            self._finishing.append((req, value))  # a whole text's list: built outside the lock
+        elif not req.future.done():
             req.future.set_result(value)
+
+    def _finish_lists(self) -> None:
+        """Turn whole texts' results into lists, outside the pool's lock, in the threads that
+        answer requests (the dispatcher, the failover threads, a synchronous caller) — never the
+        caller's event loop: a list of a million IDs takes milliseconds to build, in slices that
+        let other threads have the GIL in between."""
+        while self._finishing:
+            try:
+                req, view = self._finishing.popleft()
+            except IndexError:
+                break
+            out: list[int] = []
+            for i in range(0, len(view), 1 << 14):
+                out += view[i : i + (1 << 14)].tolist()
+                time.sleep(5e-5)  # a real pause: the GIL goes to a waiting thread (an event loop)
+            if not req.future.done():
+                req.future.set_result(out)
 
     def _task_dropped(self, task: Task) -> None:
         """A task that will not complete: release a segment created for it."""
@@ -733,6 +757,7 @@ class Pool:
                         if meta.inflight is req:
                             meta.inflight = None
                         self._start_session_request(meta)
+                self._finish_lists()
 
         self._failover.submit(run)
 
@@ -751,6 +776,7 @@ class Pool:
                 self._resolve(req, self._encode_here(req.text, req.special))
             except BaseException as exc:  # noqa: BLE001
                 req.future.set_exception(exc)
+            self._finish_lists()
 
         if inline:
             run()
@@ -785,6 +811,7 @@ class Pool:
                 self._check_timeouts()
                 self._check_starting()
                 self.sessions.reap()
+            self._finish_lists()
 
     def _zygote_loop(self) -> None:
         events = self.zygote.events
