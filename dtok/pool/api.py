@@ -44,7 +44,9 @@ from dtok.pool.scheduler import Estimator, Queues
 from dtok.pool.session_table import PoolSession, SessionTable
 from dtok.pool.zygote_client import Resources, ZygoteClient
 from dtok.repair import Anchors, Outcome, PlanKnobs, next_anchors, plan_text
+from dtok.sessions import LOOKUP_MIN_CHARS, ContentIndex
 from dtok.tokenizer import Tokenizer, chunk_count, chunk_cuts
+from dtok_ext.align import common_prefix
 from dtok_ext.buffers import IdBuffer
 from dtok_ext.shm import utf8_length
 
@@ -65,7 +67,7 @@ class PoolError(RuntimeError):
 
 class Request:
     __slots__ = ("future", "text", "special", "meta", "kind", "parts", "pending", "failed",
-                 "want_list", "waiter", "direct", "times")
+                 "want_list", "waiter", "direct", "times", "keys", "bounds")
 
 
     def __init__(self, text, special, kind, want_list=False, waiter=None):
@@ -79,6 +81,8 @@ class Request:
         self.waiter = waiter  # thread id of a synchronous caller that may wait directly
         self.direct: list[tuple[Channel, Task]] = []  # tasks that caller waits on itself
         self.times = [time.monotonic()]  # submit, sent, picked, answered, harvested
+        self.keys = None  # content lookup: the text's keys in the pool's ContentIndex
+        self.bounds: list[int] = []  # chunked: the chunks' lengths
 
 
 class Task:
@@ -199,11 +203,15 @@ class Pool:
             cap = shm.shm_capacity()
             shm_bytes = None if cap is None else max(64 << 20, cap * 3 // 4)
         self._budget = shm.Budget(shm_bytes)
-        self.sessions = SessionTable(self.prefix, self._budget, len(a.prefix), len(a.suffix),
+        self.sessions = SessionTable(self.prefix, self._budget, a.prefix, a.suffix,
                                      max_sessions, session_bytes)
+        self.content_lookup = tk["content_lookup"]  # unkeyed texts continue stored sessions
+        self._lookup_entries = tk["lookup_entries"]
+        self.index = ContentIndex()
         self._here = self.tokenizer.with_knobs(content_lookup=False)  # failover route
         self._failover = ThreadPoolExecutor(2, thread_name_prefix="dtok-pool-failover")
-        self._counts = dict(requests=0, stateless=0, chunked=0, chunks=0, session_hits=0,
+        self._counts = dict(requests=0, stateless=0, chunked=0, chunks=0, lookups=0,
+                            lookup_hits=0, session_hits=0,
                             session_repairs=0, session_edits=0, session_inits=0,
                             plan_failures=0, failovers=0, timeouts=0, worker_deaths=0,
                             replacements=0, errors=0, in_process=0, shm_full=0)
@@ -471,15 +479,22 @@ class Pool:
             return req
         # A long stateless text is planned and cut before the lock is taken: other threads
         # (the dispatcher, an event loop's next request) do not wait behind the copies.
-        pieces = self._chunks(text) if session is None and len(text) >= self.chunk_threshold \
-            else None
+        found = None
+        if session is None and self.content_lookup and len(text) >= LOOKUP_MIN_CHARS:
+            with self._lock:
+                found = self._lookup(req)  # sets req.keys
+        pieces = self._chunks(text) if session is None and found is None \
+            and len(text) >= self.chunk_threshold else None
         with self._lock:
             if not any(ch.alive or ch.ready_by for ch in self._channels):
                 self._in_process(req, inline=waiter is not None)
                 return req
             self._counts["requests"] += 1
-            if session is not None:
-                meta = self.sessions.get(session)
+            if session is not None or found is not None or (req.keys and pieces is None):
+                # a keyed session, the stored text content lookup found, or a short unkeyed
+                # text a new session keeps for content lookup
+                meta = (self.sessions.get(session) if session is not None else
+                        found if found is not None else self._new_content_session())
                 req.meta = meta
                 meta.queue.append(req)
                 self._start_session_request(meta)
@@ -521,6 +536,38 @@ class Pool:
             worker = live[next(self._rr) % len(live)].index
         self.queues.push(worker, task, time.monotonic())
 
+    def _lookup(self, req: Request) -> PoolSession | None:
+        """Content lookup (dtok.sessions.ContentIndex): the session an unkeyed text continues —
+        the stored text found, when it is idle and the new text shares at least half of it as
+        a prefix — or None (a fork sharing a shorter prefix, two conversations with one system
+        prompt, leaves the stored one as it is)."""
+        self._counts["lookups"] += 1
+        found, req.keys = self.index.find(req.text)
+        if (found is not None and found.text is not None and found.inflight is None
+                and not found.queue and 2 * common_prefix(found.text, req.text) >= len(found.text)):
+            self._counts["lookup_hits"] += 1
+            return found
+        return None
+
+    def _new_content_session(self) -> PoolSession:
+        for victim in self.sessions.victims(content_limit=self._lookup_entries - 1):
+            self._drop_session(victim)
+        return self.sessions.new_content()
+
+    def _adopt(self, req: Request, parts: list) -> None:
+        """A long unkeyed text missed by content lookup is encoded stateless (its chunks on all
+        the workers), then kept as a session so that its next turn continues it; its chunk cuts
+        are its first anchors."""
+        meta = self._new_content_session()
+        offsets, tokens = [0], [0]
+        for piece_len, ids in zip(req.bounds, parts):
+            offsets.append(offsets[-1] + piece_len)
+            tokens.append(tokens[-1] + len(ids))
+        if self.sessions.adopt(meta, req.text, parts, Anchors(offsets, tokens)):
+            self.index.add(meta, req.keys)
+        else:
+            self.sessions.drop(meta)
+
     def _chunks(self, text: str) -> list[str]:
         """The chunks of a long stateless text: as many as the live workers take
         (``chunks_per_worker`` each), cut by the in-process planner."""
@@ -533,6 +580,7 @@ class Pool:
 
     def _submit_chunked(self, req: Request, pieces: list[str]) -> None:
         req.kind = "chunked"
+        req.bounds = [len(p) for p in pieces]
         req.parts = [None] * len(pieces)
         req.pending = len(pieces)
         self._counts["chunked"] += 1
@@ -637,17 +685,16 @@ class Pool:
                 return
             affix = (self._prefix_ids, self._suffix_ids) if req.special else ((), ())
             if req.kind != "chunked":
-                ids = memoryview(ch.result.map)[: 4 * c.n_ids].cast("i")
-                try:
-                    out = IdBuffer.concat((ids,), *affix)
-                finally:
-                    ids.release()
-                self._resolve(req, memoryview(out))
-                return
-            req.parts[task.index] = ch.encoded_ids()
-            req.pending -= 1
-            if req.pending == 0:
-                self._resolve(req, memoryview(IdBuffer.concat(req.parts, *affix)))
+                req.parts, req.bounds = [ch.encoded_ids()], [len(req.text)]
+            else:
+                req.parts[task.index] = ch.encoded_ids()
+                req.pending -= 1
+                if req.pending:
+                    return
+            self._resolve(req, memoryview(IdBuffer.concat(req.parts, *affix)))
+            if req.keys is not None:
+                self._adopt(req, req.parts)
+            req.parts = None
             return
         meta = task.meta
         if status == P.ST_PLAN_FAILED:  # never expected: encode it whole
@@ -667,6 +714,9 @@ class Pool:
                                self.tokenizer.rules.context, self._plan_knobs.spacing)
         self.sessions.accept(meta, task.seg_gen, task.capacity, req.text, c.n_ids, anchors,
                              ch.index)
+        if meta.content:
+            self.index.remove(meta)
+            self.index.add(meta, req.keys)
         kind = {"encode": "session_inits", "append": "session_repairs",
                 "edit": "session_edits"}[task.plan.kind]
         self._counts[kind] += 1
@@ -713,6 +763,8 @@ class Pool:
             self.sessions.drop_pending(task.meta, task.seg_gen)
 
     def _drop_session(self, meta: PoolSession) -> None:
+        if meta.content:
+            self.index.remove(meta)
         if meta.known_by is not None and self._channels[meta.known_by].alive:
             self._channels[meta.known_by].drops.append(meta.sid)
         self.sessions.drop(meta)
@@ -745,6 +797,8 @@ class Pool:
         meta = req.meta
         if meta is not None and not reason.startswith("shared memory"):
             self.sessions.reset(meta)
+            if meta.content:
+                self.index.remove(meta)
 
         def run():
             try:
