@@ -16,9 +16,11 @@ arrivals:
   queues (where the sessions' appends also wait);
 * ``shared SJF whole``: stateless requests whole on the shared queue, shortest first;
 * ``chunked FIFO`` / ``chunked SJF``: stateless requests cut into chunks on the shared queue;
-  ``chunked SJF x8``: eight chunks per worker instead of one; ``... aging 0.1`` / ``0.01``:
-  waiting counts a tenth / a hundredth against a task's estimate (the ``aging`` knob; the
-  paper's default is 1.0);
+  ``chunked SJF x8``: eight chunks per worker instead of one; ``aging 1.0`` / ``0.1`` /
+  ``0.01``: waiting counts fully / a tenth / a hundredth against a task's estimate (the ``aging``
+  knob: the paper's value is 1.0, the pool's default 0.01);
+* ``pool defaults``: ``dtok.Pool`` as it comes (shortest first, aging 0.01, one chunk per
+  worker);
 * ``in-process serial``: one thread encodes everything in arrival order (the front end's own
   event loop doing the work).
 
@@ -49,14 +51,16 @@ from dtok.chat import detect_style, render_turns  # noqa: E402
 DESIGNS = {
     "per-worker FIFO whole": dict(order="fifo", chunk_threshold=10**12,
                                   stateless_queue="round_robin"),
-    "shared SJF whole": dict(order="sjf", chunk_threshold=10**12),
+    "shared SJF whole, aging 1.0": dict(order="sjf", chunk_threshold=10**12, aging=1.0),
     "chunked FIFO": dict(order="fifo", chunk_threshold=65536),
-    "chunked SJF": dict(order="sjf", chunk_threshold=65536),
-    "chunked SJF x8": dict(order="sjf", chunk_threshold=65536, chunks_per_worker=8),
-    "chunked SJF x8 aging 0.1": dict(order="sjf", chunk_threshold=65536, chunks_per_worker=8,
-                                     aging=0.1),
-    "chunked SJF x8 aging 0.01": dict(order="sjf", chunk_threshold=65536, chunks_per_worker=8,
-                                      aging=0.01),
+    "chunked SJF, aging 1.0": dict(order="sjf", chunk_threshold=65536, aging=1.0),
+    "chunked SJF x8, aging 1.0": dict(order="sjf", chunk_threshold=65536, chunks_per_worker=8,
+                                      aging=1.0),
+    "chunked SJF x8, aging 0.1": dict(order="sjf", chunk_threshold=65536, chunks_per_worker=8,
+                                      aging=0.1),
+    "chunked SJF x8, aging 0.01": dict(order="sjf", chunk_threshold=65536, chunks_per_worker=8,
+                                       aging=0.01),
+    "pool defaults (SJF, aging 0.01)": dict(order="sjf"),
     "in-process serial": None,
 }
 

@@ -74,6 +74,67 @@ def checkpoints(n: int) -> list[int]:
     return out
 
 
+class ContentIndex:
+    """Stored texts by keyed fingerprints of their prefixes (see the module docstring): which
+    stored text most likely shares the longest prefix with a new one. Items are any objects with
+    ``end_key``, ``ckpt_keys`` (set by :meth:`add`) and ``used`` (a recency clock) attributes;
+    the caller serializes access. In-process sessions and the pool's sessions both use it."""
+
+    def __init__(self) -> None:
+        self._by_end: dict[tuple[int, int], Any] = {}
+        self._by_ckpt: dict[tuple[int, int], set] = {}
+        self._key = int.from_bytes(os.urandom(8), "little")  # clients cannot aim for collisions
+
+    def find(self, text: str) -> tuple[Any, tuple]:
+        """(the best stored item or None, the keys of `text` for :meth:`add`): the item whose
+        end fingerprint matches (a whole prefix, the longest), else the most recently used of
+        those matching the deepest checkpoint."""
+        n = len(text)
+        stops = checkpoints(n)
+        fps = fingerprints(text, [*stops, n], self._key)
+        ckpt_keys = tuple(zip(stops, fps))
+        best = self._by_end.get((n, fps[-1]))  # the same text, or one equal at its end
+        deepest: list = []
+        for key in ckpt_keys:
+            found = self._by_ckpt.get(key)
+            if not found:
+                break
+            deepest = list(found)
+        if best is None and deepest:
+            ends = sorted({e.end_key[0] for e in deepest if e.end_key[0] < n}, reverse=True)
+            for end, fp in zip(ends, fingerprints(text, ends, self._key)):
+                best = next((e for e in deepest if e.end_key == (end, fp)), None)
+                if best is not None:
+                    break
+            if best is None:
+                best = max(deepest, key=lambda e: e.used)
+        return best, ((n, fps[-1]), ckpt_keys)
+
+    def at_end(self, keys: tuple):
+        """The item indexed under the same end key (the same text, most likely), or None."""
+        return self._by_end.get(keys[0])
+
+    def add(self, item, keys: tuple) -> None:
+        """Index `item` under the keys :meth:`find` gave for its text (the caller removes an item
+        :meth:`at_end` found first)."""
+        end_key, ckpt_keys = keys
+        item.end_key, item.ckpt_keys = end_key, ckpt_keys
+        self._by_end[end_key] = item
+        for k in ckpt_keys:
+            self._by_ckpt.setdefault(k, set()).add(item)
+
+    def remove(self, item) -> None:
+        if item.end_key is not None and self._by_end.get(item.end_key) is item:
+            del self._by_end[item.end_key]
+        for k in item.ckpt_keys:
+            s = self._by_ckpt.get(k)
+            if s is not None:
+                s.discard(item)
+                if not s:
+                    del self._by_ckpt[k]
+        item.end_key, item.ckpt_keys = None, ()
+
+
 @dataclass(eq=False)
 class Entry:
     """One stored transcript: its text, IDs (prefix + body + suffix), anchors and lock."""
@@ -114,9 +175,7 @@ class SessionStore:
         self._keyed: dict[Hashable, Entry] = {}
         self._lru: OrderedDict[Entry, None] = OrderedDict()  # all entries, oldest use first
         self._content: OrderedDict[Entry, None] = OrderedDict()  # content entries, oldest first
-        self._by_end: dict[tuple[int, int], Entry] = {}
-        self._by_ckpt: dict[tuple[int, int], set[Entry]] = {}
-        self._fp_key = int.from_bytes(os.urandom(8), "little")  # clients cannot aim for collisions
+        self._index = ContentIndex()
         self._clock = itertools.count(1)
         self._bytes = 0
         self._counts = dict(hits=0, repairs=0, edits=0, full_encodes=0, fallbacks=0,
@@ -193,7 +252,8 @@ class SessionStore:
         """Content lookup for a text of at least LOOKUP_MIN_CHARS characters: continue from the
         stored text sharing the longest prefix, which the result replaces when it reused most of
         it."""
-        found, end_key, ckpt_keys = self._find(text)
+        with self._lock:
+            found, keys = self._index.find(text)
         self._count("lookups")
         entry = Entry(None)
         if found is not None:
@@ -215,11 +275,11 @@ class SessionStore:
                     if replace:
                         entry.lists = found.lists
                     result = self._result(entry, add_special_tokens, as_list)
-                    self._publish(entry, end_key, ckpt_keys, found, reused, replace)
+                    self._publish(entry, keys, found, reused, replace)
                     return result
         self._serve(entry, text)
         result = self._result(entry, add_special_tokens, as_list)
-        self._publish(entry, end_key, ckpt_keys)
+        self._publish(entry, keys)
         return result
 
     def explain(self, text: str, key: Hashable | None) -> dict[str, Any]:
@@ -234,7 +294,8 @@ class SessionStore:
         else:
             if not self.content_lookup or len(text) < LOOKUP_MIN_CHARS:
                 return {}
-            entry = self._find(text)[0]
+            with self._lock:
+                entry = self._index.find(text)[0]
             source = "content lookup"
         old = entry.text if entry is not None else None
         if old is None:
@@ -324,34 +385,7 @@ class SessionStore:
 
     # --- content index --------------------------------------------------------------------
 
-    def _find(self, text: str) -> tuple[Entry | None, tuple[int, int],
-                                        tuple[tuple[int, int], ...]]:
-        """The stored text that most likely shares the longest prefix with `text` (see the module
-        docstring), and `text`'s own end and checkpoint keys (to store it)."""
-        n = len(text)
-        stops = checkpoints(n)
-        fps = fingerprints(text, [*stops, n], self._fp_key)
-        ckpt_keys = tuple(zip(stops, fps))
-        deepest: list[Entry] = []
-        with self._lock:
-            best = self._by_end.get((n, fps[-1]))  # the same text, or one equal at its end
-            for key in ckpt_keys:
-                found = self._by_ckpt.get(key)
-                if not found:
-                    break
-                deepest = list(found)
-        if best is None and deepest:
-            # a stored text that is a whole prefix: its end fingerprint matches (the longest)
-            ends = sorted({e.end_key[0] for e in deepest if e.end_key[0] < n}, reverse=True)
-            for end, fp in zip(ends, fingerprints(text, ends, self._fp_key)):
-                best = next((e for e in deepest if e.end_key == (end, fp)), None)
-                if best is not None:
-                    break
-            if best is None:
-                best = max(deepest, key=lambda e: e.used)
-        return best, (n, fps[-1]), ckpt_keys
-
-    def _publish(self, entry: Entry, end_key, ckpt_keys, found: Entry | None = None,
+    def _publish(self, entry: Entry, keys: tuple, found: Entry | None = None,
                  reused: int = 0, replace: bool = False) -> None:
         """Make a served content entry visible (its caller's view is already taken, so a
         request that continues from it while the caller returns copies on write)."""
@@ -360,13 +394,10 @@ class SessionStore:
                 self._counts["lookup_hits"] += 1
             if replace and not found.evicted:
                 self._remove(found)
-            old = self._by_end.get(end_key)
+            old = self._index.at_end(keys)
             if old is not None:
                 self._remove(old)
-            entry.end_key, entry.ckpt_keys = end_key, ckpt_keys
-            self._by_end[end_key] = entry
-            for k in ckpt_keys:
-                self._by_ckpt.setdefault(k, set()).add(entry)
+            self._index.add(entry, keys)
             self._content[entry] = None
             self._lru[entry] = None
             self._account(entry)
@@ -415,11 +446,4 @@ class SessionStore:
             del self._keyed[entry.key]
         if entry in self._content:
             del self._content[entry]
-            if self._by_end.get(entry.end_key) is entry:
-                del self._by_end[entry.end_key]
-            for k in entry.ckpt_keys:
-                s = self._by_ckpt.get(k)
-                if s is not None:
-                    s.discard(entry)
-                    if not s:
-                        del self._by_ckpt[k]
+            self._index.remove(entry)

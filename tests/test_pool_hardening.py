@@ -286,3 +286,25 @@ def test_an_idle_pool_uses_no_cpu():
         after = [_cpu_seconds(p) for p in pids] + [_cpu_seconds(os.getpid(), dispatcher.native_id)]
     used = sum(b - a for a, b in zip(before, after))
     assert used <= 0.05, f"{used:.2f} CPU seconds in 3 s of idling"
+
+
+def test_unkeyed_requests_continue_by_content_lookup_in_the_pool():
+    """Without a key, a growing (and edited) transcript continues the pool session whose text
+    it shares at least half of as a prefix; another conversation with the same start gets a
+    session of its own."""
+    tok = load_tokenizer("llama3")
+    src = read_text("prose", "gutenberg-2701_moby-dick.txt")
+    with Pool(tok, workers=2, name="lookup") as pool:
+        text = src[:50_000]
+        turns = []
+        for i in range(8):
+            text += f" turn {i} " + src[60_000 + i * 700 : 60_500 + i * 700]
+            if i == 5:  # a think block dropped near the end
+                text = text[:-2000] + text[-1500:]
+            turns.append(text)
+        other = src[:10_000] + src[200_000:260_000]
+        for t, want in zip([*turns, other], ref_ids_many(tok, [*turns, other])):
+            assert list(pool.encode(t)) == want
+        s = pool.stats()
+        assert s["lookups"] == 9 and s["lookup_hits"] == 7, s
+        assert s["session_inits"] == 2 and s["session_edits"] == 1 and s["sessions"] == 2, s

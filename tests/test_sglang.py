@@ -23,9 +23,13 @@ def hf(name):
 
 
 def test_session_key_order():
-    r = SimpleNamespace(session_id="s1", cache_salt="c", rid="conv:7")
+    r = SimpleNamespace(session_id="s1", routing_key="rk", cache_salt="c", rid="conv:7")
+    raw = SimpleNamespace(headers={"x-smg-routing-key": "hdr"})
     assert hook.session_key(r, ":") == "sid:s1"
     r.session_id = None
+    assert hook.session_key(r, ":") == "sid:rk"  # the model gateway's routing key
+    r.routing_key = None
+    assert hook.session_key(r, ":", raw) == "sid:hdr"  # chat path: from the HTTP header
     assert hook.session_key(r, ":") == "salt:c"
     r.cache_salt = ""
     assert hook.session_key(r, ":") == "rid:conv"
@@ -80,6 +84,7 @@ def test_hooks_route_prompts_through_dtok_exactly():
     tm._tokenize_texts = types.MethodType(texts, tm)
     tm._tokenize_one_request = types.MethodType(one, tm)
     base = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:30000]
+    assert hook.dtok_for(tok) is not None  # built here (on the loop it is built in background)
     before = dict(hook.stats)
 
     async def run():
@@ -95,6 +100,63 @@ def test_hooks_route_prompts_through_dtok_exactly():
     assert hook.stats["keyed_calls"] - before["keyed_calls"] == 6
     assert hook.stats["passed_through"] - before["passed_through"] == 1  # the batch
     assert hook.dtok_for(tok).dtok.sessions.stats()["repairs"] == 5
+
+
+def test_pool_backed_tokenize_texts(monkeypatch):
+    """With a pool, keyed prompts are awaited from it in _tokenize_texts (the event loop does
+    not encode them); IDs stay SGLang's own."""
+    from dtok.integrations import engine
+
+    monkeypatch.setenv("DTOK_SGLANG_TOKENIZER", str(shared_path("tokenizers", "qwen3")))
+    tok = hf("qwen3")
+    wrapper, why = hook.HOOK.build(tok)  # from the file: the pool can load it
+    assert wrapper is not None, why
+    monkeypatch.setitem(hook.HOOK._by_tok, tok, wrapper)
+    engine.configure(pool_workers=1)
+    try:
+        pool = hook.HOOK.pool_for(wrapper.current(), wait=300)
+        assert pool is not None, hook.HOOK.pool_state()
+        tm = FakeTokenizerManager(tok)
+        orig_texts = FakeTokenizerManager._tokenize_texts
+        base = "<|im_start|>user\n" + read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[
+            :20000]
+        before = dict(hook.stats)
+
+        async def run():
+            text = base
+            for i in range(4):
+                text += f"<|im_end|>\n<|im_start|>user\nturn {i}\n"
+                with engine.bound_key("sid:pooled"):
+                    ids, _ = await hook._tokenize_texts(orig_texts, tm, text)
+                assert ids == tok([text])["input_ids"][0]
+
+        asyncio.run(run())
+        assert hook.stats["pool_calls"] - before["pool_calls"] == 4
+        assert pool.stats()["session_repairs"] == 3
+    finally:
+        engine.configure()
+        if pool is not None:
+            pool.close()
+
+
+def test_first_request_on_the_loop_does_not_wait_for_the_build():
+    """On the event loop dtok is built in the background; SGLang's own code serves the request
+    that started it, and dtok the ones after the build."""
+    import time
+
+    tok = hf("gpt-oss")
+    tm = FakeTokenizerManager(tok)
+    orig = FakeTokenizerManager._tokenize_texts
+    before = dict(hook.stats)
+    ids, _ = asyncio.run(hook._tokenize_texts(orig, tm, "hello there"))
+    assert ids == tok(["hello there"])["input_ids"][0]
+    assert hook.stats["passed_through"] - before["passed_through"] == 1
+    deadline = time.monotonic() + 120
+    while hook.HOOK.dtok_for(tok, wait=False) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ids, _ = asyncio.run(hook._tokenize_texts(orig, tm, "hello there"))
+    assert ids == tok(["hello there"])["input_ids"][0]
+    assert hook.stats["dtok_calls"] - before["dtok_calls"] == 1
 
 
 def test_stays_out_of_overridden_tokenizers():
@@ -131,19 +193,41 @@ def test_register_is_opt_in(monkeypatch):
     hook.register()  # no sglang needed: nothing happens without DTOK_SGLANG=1
 
 
+def _sglang_runner() -> list[str] | None:
+    """How to run tools/sglang_check.py here: in this interpreter when SGLang imports, else
+    through its cached venv when that exists and DTOK_ENGINE_CHECKS=1 (a minute more);
+    None: no SGLang here (tests never build the venv)."""
+    import importlib.util
+    from pathlib import Path
+
+    tools = Path(__file__).resolve().parents[1] / "tools"
+    if importlib.util.find_spec("sglang") is not None:
+        return [sys.executable, str(tools / "sglang_check.py"), "--inner"]
+    sys.path.insert(0, str(tools))
+    try:
+        import engine_setup
+        import sglang_check
+    finally:
+        sys.path.pop(0)
+    if engine_setup.built(sglang_check.VENV_NAME) and \
+            os.environ.get("DTOK_ENGINE_CHECKS") == "1":
+        return [sys.executable, str(tools / "sglang_check.py")]
+    return None
+
+
 def test_real_sglang():
     """The hooks inside a real SGLang TokenizerManager and chat server (tools/sglang_check.py).
     `sglang` is not in the test extra (its install pulls a CUDA torch): skipped where it cannot
-    be imported."""
-    import importlib.util
+    be imported and the check's venv is not built."""
     import subprocess
-    from pathlib import Path
 
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed here")
-    tool = Path(__file__).resolve().parents[1] / "tools" / "sglang_check.py"
+    runner = _sglang_runner()
+    if runner is None:
+        pytest.skip("sglang is not importable here (run python tools/sglang_check.py, or set "
+                    "DTOK_ENGINE_CHECKS=1 to run it through its cached venv)")
     shared_path("tokenizers", "qwen3")  # fails under CI when ../shared is missing
-    run = subprocess.run([sys.executable, str(tool), "qwen3"], capture_output=True, text=True,
-                         env={**os.environ, "DTOK_SGLANG": "1"}, timeout=1200)
+    run = subprocess.run(runner + ["qwen3"], capture_output=True, text=True,
+                         env={**os.environ, "DTOK_SGLANG": "1"}, timeout=1800)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert "dtok ON" in run.stdout and "mismatches=0" in run.stdout
+    assert "mismatches=1" not in run.stdout

@@ -12,12 +12,18 @@ Hooks (names of SGLang 0.5.22-0.5.23; missing ones are skipped with a warning):
   encoded by dtok with that key; anything else goes to SGLang's own code;
 * ``OpenAIServingChat._convert_to_internal_request`` (around): binds the key for chat requests,
   whose rendered prompt ``parallel_prompt_encode`` / ``encode_prompt_segments`` then encode
-  (also hooked, when called with no option other than ``add_special_tokens``).
+  (also hooked, when called with ``add_special_tokens`` and/or truncation to ``max_length``).
+
+With ``DTOK_POOL_WORKERS=N`` (see :mod:`dtok.integrations.engine`), keyed sessions and long
+prompts go to a :class:`dtok.Pool`: awaited in ``_tokenize_texts`` (the event loop never waits
+behind an encode), waited for in the chat path's executor thread.
 
 SGLang's tokenizer object is never replaced (type checks, chat templates, decoding and grammar
 backends keep seeing its own). Session key, first found: SGLang's ``session_id`` (the whole
-transcript every turn), then the ``cache_salt``, then the request id up to
-``DTOK_SGLANG_RID_SEP`` when that separator is set and present; no key: dtok's content lookup.
+transcript every turn), then the model gateway's routing key (``routing_key``, which SGLang's
+OpenAI server fills from the ``x-smg-routing-key`` header), then the ``cache_salt``, then the
+request id up to ``DTOK_SGLANG_RID_SEP`` when that separator is set and present; no key: dtok's
+content lookup.
 
 Identity: dtok is built from the tokenizer SGLang actually loaded (its live backend, after
 SGLang's own post-load fixes). With ``DTOK_SGLANG_TOKENIZER=/path/tokenizer.json`` that file is
@@ -26,129 +32,52 @@ tokens, post-processor) and dtok stays out on any difference. Then probe texts a
 ways; any mismatch, or a slow/non-tokenizers tokenizer, overridden ``encode``/``__call__`` or
 ``split_special_tokens``, also leaves tokenization to SGLang. Any error in a hook falls back to
 SGLang's original code.
+
+SGLang takes the IDs as a ``list[int]``: ``_validate_one_request`` may shorten it in place
+(``del input_ids[context_len:]`` with ``allow_auto_truncate``) and ``_create_tokenized_object``
+copies it into an ``array("q")`` for the scheduler.
 """
 from __future__ import annotations
 
-import contextvars
-import json
 import logging
 import os
-import sys
-import threading
-import weakref
-from typing import Any
+
+from dtok.integrations import engine
+from dtok.integrations.engine import (SESSION_KEY, EncodeOptions, bound_key, compare_sections,
+                                      encode_options)
 
 log = logging.getLogger("dtok.sglang")
 
-__all__ = ["register", "install", "session_key", "compare_sections", "dtok_for", "stats"]
+__all__ = ["register", "install", "session_key", "compare_sections", "dtok_for", "stats", "HOOK"]
 
-_KEY: contextvars.ContextVar = contextvars.ContextVar("dtok_sglang_key", default=None)
-SECTIONS = ("model", "normalizer", "pre_tokenizer", "added_tokens", "post_processor")
-PROBES = (
-    "", "Hello, world!", " leading space", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
-    "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nx<|eot_id|>",
-    "<｜User｜>x<｜Assistant｜>", "<|start|>user<|message|>x<|end|>",
-    "数字 12345 καλημέρα 🙂\r\n\t  end   ", "a" * 5000, "don't you'll  \n\n\n  x", "cafe\u0301 \u0958/",
-)
-stats = {"dtok_calls": 0, "keyed_calls": 0, "passed_through": 0, "errors": 0}
-_lock = threading.Lock()
-_by_tok: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-_refused: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+HOOK = engine.EngineHook("SGLang", frozen_env="DTOK_SGLANG_TOKENIZER")
+stats = HOOK.stats
+dtok_for = HOOK.dtok_for
+_build = HOOK.build
+_KEY = SESSION_KEY
 
 
-def session_key(request, rid_separator: str | None = None) -> str | None:
-    """The session key of a GenerateReqInput or an OpenAI request, or None."""
-    sid = getattr(request, "session_id", None)
-    if isinstance(sid, str) and sid:
-        return "sid:" + sid
-    salt = getattr(request, "cache_salt", None)
-    if isinstance(salt, str) and salt:
-        return "salt:" + salt
+ROUTING_KEY_HEADER = "x-smg-routing-key"  # SGLang's model gateway pins a session by it
+
+
+def session_key(request, rid_separator: str | None = None, raw_request=None) -> str | None:
+    """The session key of a GenerateReqInput or an OpenAI request (and its HTTP request), or
+    None: ``session_id``, else the gateway's routing key (``routing_key``, or the
+    ``x-smg-routing-key`` header), else ``cache_salt``, else the ``rid`` prefix."""
     sep = rid_separator if rid_separator is not None else os.environ.get("DTOK_SGLANG_RID_SEP")
-    rid = getattr(request, "rid", None)
-    if sep and isinstance(rid, str) and sep in rid:
-        return "rid:" + rid.split(sep, 1)[0]
-    return None
-
-
-def compare_sections(live_json: str, file_json: str) -> list[str]:
-    """The sections of two tokenizer.json documents that differ (empty: identical)."""
-    live, frozen = json.loads(live_json), json.loads(file_json)
-    return [s for s in SECTIONS if live.get(s) != frozen.get(s)]
-
-
-def dtok_for(hf_tokenizer):
-    """dtok's wrapper for SGLang's tokenizer, or None when dtok must stay out (cached)."""
-    if hf_tokenizer is None:
-        return None
-    try:
-        if hf_tokenizer in _by_tok:
-            return _by_tok[hf_tokenizer]
-        if hf_tokenizer in _refused:
-            return None
-    except TypeError:  # not weak-referenceable
-        return None
-    with _lock:
-        if hf_tokenizer not in _by_tok and hf_tokenizer not in _refused:
-            wrapper, why = _build(hf_tokenizer)
-            if wrapper is None:
-                _refused[hf_tokenizer] = why
-                log.warning("dtok stays out of SGLang's tokenization: %s", why)
-            else:
-                _by_tok[hf_tokenizer] = wrapper
-                log.info("dtok encodes SGLang's prompts (%r)", wrapper.dtok)
-        return _by_tok.get(hf_tokenizer)
-
-
-def _build(hf):
-    backend = getattr(hf, "backend_tokenizer", None)
-    if not getattr(hf, "is_fast", False) or backend is None or not hasattr(backend, "to_str"):
-        return None, f"not a tokenizers-backed fast tokenizer ({type(hf).__name__})"
-    if getattr(hf, "split_special_tokens", False):
-        return None, "split_special_tokens is on"
-    for name in ("encode", "__call__"):
-        if name in vars(hf) or "transformers" not in (getattr(type(hf), name).__module__ or ""):
-            return None, f"{type(hf).__name__}.{name} is overridden"
-    frozen = os.environ.get("DTOK_SGLANG_TOKENIZER")
-    if frozen:
-        try:
-            from dtok.admission import read_files
-
-            differ = compare_sections(backend.to_str(), read_files(frozen).raw.decode("utf-8"))
-        except Exception as exc:  # noqa: BLE001
-            return None, f"cannot compare with {frozen}: {exc}"
-        if differ:
-            return None, f"differs from {frozen} in: {', '.join(differ)}"
-    try:
-        from dtok.integrations.transformers import wrap
-
-        wrapper = wrap(hf)
-        for special in (True, False):
-            for text in PROBES:
-                want = hf([text], add_special_tokens=special)["input_ids"][0]
-                if list(want) != list(wrapper.dtok.encode(text, add_special_tokens=special)):
-                    return None, f"probe {text[:30]!r} encodes differently"
-    except Exception as exc:  # noqa: BLE001
-        return None, f"{type(exc).__name__}: {exc}"
-    return wrapper, ""
-
-
-def _encode(wrapper, text: str, add_special_tokens: bool = True) -> list[int]:
-    key = _KEY.get()
-    stats["dtok_calls"] += 1
-    stats["keyed_calls"] += key is not None
-    return list(wrapper._fresh().encode(text, session=key, add_special_tokens=add_special_tokens))
+    headers = getattr(raw_request, "headers", None)
+    sid = (getattr(request, "session_id", None) or getattr(request, "routing_key", None)
+           or (headers.get(ROUTING_KEY_HEADER) if headers is not None else None))
+    return engine.session_key(session_id=sid, cache_salt=getattr(request, "cache_salt", None),
+                              request_id=getattr(request, "rid", None), rid_separator=sep)
 
 
 # --- hooks (AROUND: called with the original function first) ----------------------------------
 
 
 async def _tokenize_one_request(orig, self, obj, *args, **kwargs):
-    token = _KEY.set(session_key(obj))
-    try:
+    with bound_key(session_key(obj)):
         return await orig(self, obj, *args, **kwargs)
-    finally:
-        _KEY.reset(token)
 
 
 async def _tokenize_texts(orig, self, texts, is_cross_encoder=False, *args, **kwargs):
@@ -156,35 +85,38 @@ async def _tokenize_texts(orig, self, texts, is_cross_encoder=False, *args, **kw
             and getattr(self, "is_generation", False)
             and not getattr(getattr(self, "model_config", None), "is_embedding_gemma", False)):
         try:
-            wrapper = dtok_for(self.tokenizer)
+            # on SGLang's event loop: dtok is built in the background at the first request,
+            # which SGLang's own code serves meanwhile
+            wrapper = dtok_for(self.tokenizer, wait=False)
             if wrapper is not None:
-                # SGLang calls self.tokenizer([text]): add_special_tokens defaults to True
-                return _encode(wrapper, texts), None
+                # SGLang calls self.tokenizer([text]): add_special_tokens defaults to True.
+                # On the event loop: keyed and long prompts are awaited from the pool.
+                ids = await HOOK.encode_async(wrapper, texts, EncodeOptions(), SESSION_KEY.get())
+                if ids is not None:
+                    return ids, None
         except Exception as exc:  # noqa: BLE001 - never break serving
-            stats["errors"] += 1
-            log.warning("dtok hook failed, SGLang tokenizes: %s", exc)
+            HOOK.error(exc)
     stats["passed_through"] += 1
     return await orig(self, texts, is_cross_encoder, *args, **kwargs)
 
 
-def _convert_to_internal_request(orig, self, request, *args, **kwargs):
-    token = _KEY.set(session_key(request))
-    try:
-        return orig(self, request, *args, **kwargs)
-    finally:
-        _KEY.reset(token)
+def _convert_to_internal_request(orig, self, request, raw_request=None, *args, **kwargs):
+    # runs in an executor thread (SGLang's run_in_executor), so the key is bound here
+    with bound_key(session_key(request, raw_request=raw_request)):
+        return orig(self, request, raw_request, *args, **kwargs)
 
 
 def _parallel_prompt_encode(orig, tokenizer, text, encode_kwargs=None, *args, **kwargs):
-    options = encode_kwargs or {}
-    if isinstance(text, str) and not args and not kwargs and set(options) <= {"add_special_tokens"}:
+    options = encode_options(tokenizer, encode_kwargs or {})
+    if isinstance(text, str) and not args and not kwargs and options is not None:
         try:
             wrapper = dtok_for(tokenizer)
             if wrapper is not None:
-                return _encode(wrapper, text, options.get("add_special_tokens", True))
+                ids = HOOK.encode(wrapper, text, options, SESSION_KEY.get())
+                if ids is not None:
+                    return ids
         except Exception as exc:  # noqa: BLE001
-            stats["errors"] += 1
-            log.warning("dtok hook failed, SGLang tokenizes: %s", exc)
+            HOOK.error(exc)
     stats["passed_through"] += 1
     return orig(tokenizer, text, encode_kwargs, *args, **kwargs)
 
@@ -211,17 +143,6 @@ TARGETS = (
 )
 
 
-def _resolve(target: str):
-    import pkgutil
-
-    owner_name, _, attr = target.rpartition(".")
-    try:
-        owner = pkgutil.resolve_name(owner_name)
-    except (ImportError, AttributeError, ValueError):
-        return None, attr
-    return (owner, attr) if hasattr(owner, attr) else (None, attr)
-
-
 def register() -> None:
     """SGLang general-plugin entry point (``load_plugins()``): register the AROUND hooks.
     A no-op unless ``DTOK_SGLANG=1``."""
@@ -230,7 +151,7 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     for target, hook in TARGETS:
-        owner, _attr = _resolve(target)
+        owner, _attr = engine.resolve(target)
         if owner is None:
             log.warning("dtok: this SGLang has no %s; hook skipped", target)
             continue
@@ -240,30 +161,4 @@ def register() -> None:
 def install() -> list[str]:
     """Patch SGLang in this process by hand (any version with these names); returns the
     targets patched. Use when SGLang's plugin system is not there."""
-    import functools
-    import inspect
-
-    done = []
-    for target, hook in TARGETS:
-        owner, attr = _resolve(target)
-        if owner is None:
-            continue
-        orig = getattr(owner, attr)
-        if getattr(orig, "__dtok_hook__", False):
-            continue
-        if inspect.iscoroutinefunction(orig):
-            async def patched(*a, __orig=orig, __hook=hook, **k):
-                return await __hook(__orig, *a, **k)
-        else:
-            def patched(*a, __orig=orig, __hook=hook, **k):
-                return __hook(__orig, *a, **k)
-        patched = functools.wraps(orig)(patched)
-        patched.__dtok_hook__ = True
-        setattr(owner, attr, patched)
-        if not isinstance(owner, type):  # a module function: also where it was imported to
-            for module in list(sys.modules.values()):
-                if (getattr(module, "__name__", "").startswith("sglang.")
-                        and getattr(module, attr, None) is orig):
-                    setattr(module, attr, patched)
-        done.append(target)
-    return done
+    return engine.patch(TARGETS, "sglang.")

@@ -17,10 +17,11 @@ to the wrapped tokenizer unchanged.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Hashable
 
-from dtok.admission import TokenizerFiles
+from dtok.admission import TokenizerFiles, read_files
 from dtok.tokenizer import Tokenizer
 
 __all__ = ["DtokTransformersTokenizer", "wrap"]
@@ -44,15 +45,21 @@ _NEUTRAL = {
 }
 
 
-def wrap(hf_tokenizer, **knobs: Any) -> "DtokTransformersTokenizer":
-    """Wrap a ``transformers`` fast tokenizer (``AutoTokenizer.from_pretrained(...)``)."""
-    return DtokTransformersTokenizer(hf_tokenizer, **knobs)
+def wrap(hf_tokenizer, *, source: str | os.PathLike | None = None,
+         **knobs: Any) -> "DtokTransformersTokenizer":
+    """Wrap a ``transformers`` fast tokenizer (``AutoTokenizer.from_pretrained(...)``).
+
+    ``source``: a tokenizer.json (or its directory) to build dtok from instead of the live
+    backend; it must equal the live backend in every section that decides IDs (ValueError
+    otherwise). A file gets the fast encoder's shipped guard tables and can be pooled."""
+    return DtokTransformersTokenizer(hf_tokenizer, source=source, **knobs)
 
 
 class DtokTransformersTokenizer:
     """Proxy for a ``transformers`` fast tokenizer; see the module docstring."""
 
-    def __init__(self, hf_tokenizer, **knobs: Any) -> None:
+    def __init__(self, hf_tokenizer, *, source: str | os.PathLike | None = None,
+                 **knobs: Any) -> None:
         backend = getattr(hf_tokenizer, "backend_tokenizer", None)
         if backend is None:
             raise TypeError("dtok can only wrap a fast (tokenizers-backed) transformers tokenizer")
@@ -60,7 +67,23 @@ class DtokTransformersTokenizer:
         self._knobs = knobs
         self._fingerprint = None
         self.dtok: Tokenizer
-        self._rebuild()
+        if source is not None:
+            self.dtok = Tokenizer(self._source_files(source), **knobs)
+            self._fingerprint = self._state()
+        else:
+            self._rebuild()
+
+    def _source_files(self, source: str | os.PathLike) -> TokenizerFiles:
+        from dtok.integrations.engine import compare_sections
+
+        files = read_files(source)
+        spec = files.spec()
+        if spec.get("truncation") is not None or spec.get("padding") is not None:
+            raise ValueError(f"{files.path} sets truncation or padding")
+        differ = compare_sections(self.hf.backend_tokenizer.to_str(), files.raw.decode("utf-8"))
+        if differ:
+            raise ValueError(f"differs from {files.path} in: {', '.join(differ)}")
+        return files
 
     # --- keeping in step with the wrapped tokenizer ----------------------------------------
 
@@ -81,7 +104,9 @@ class DtokTransformersTokenizer:
         self.dtok = Tokenizer(files, **self._knobs)
         self._fingerprint = self._state()
 
-    def _fresh(self) -> Tokenizer:
+    def current(self) -> Tokenizer:
+        """The dtok tokenizer for the wrapped tokenizer as it is now (rebuilt after tokens were
+        added or its post-processor changed)."""
         if self._state() != self._fingerprint:  # tokens added, post-processor changed, ...
             self._rebuild()
         return self.dtok
@@ -101,8 +126,8 @@ class DtokTransformersTokenizer:
         """``transformers``' ``encode``: a list of IDs (dtok for one str without extras)."""
         if isinstance(text, str) and text_pair is None and self._ours(kwargs) \
                 and kwargs.get("return_tensors") is None:
-            return list(self._fresh().encode(text, session=session,
-                                             add_special_tokens=add_special_tokens))
+            return list(self.current().encode(text, session=session,
+                                              add_special_tokens=add_special_tokens))
         return self.hf.encode(text, text_pair, add_special_tokens=add_special_tokens, **kwargs)
 
     def __call__(self, text=None, text_pair=None, add_special_tokens: bool = True, *,
@@ -117,7 +142,7 @@ class DtokTransformersTokenizer:
             return self.hf(text, text_pair, add_special_tokens=add_special_tokens, **kwargs)
         from transformers import BatchEncoding
 
-        tok = self._fresh()
+        tok = self.current()
         keys = session if batch and isinstance(session, (list, tuple)) else [session] * len(texts)
         if len(keys) != len(texts):
             raise ValueError("session: one key per text")

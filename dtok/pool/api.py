@@ -30,6 +30,7 @@ import threading
 import time
 import weakref
 import zlib
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Hashable
@@ -43,7 +44,9 @@ from dtok.pool.scheduler import Estimator, Queues
 from dtok.pool.session_table import PoolSession, SessionTable
 from dtok.pool.zygote_client import Resources, ZygoteClient
 from dtok.repair import Anchors, Outcome, PlanKnobs, next_anchors, plan_text
+from dtok.sessions import LOOKUP_MIN_CHARS, ContentIndex
 from dtok.tokenizer import Tokenizer, chunk_count, chunk_cuts
+from dtok_ext.align import common_prefix
 from dtok_ext.buffers import IdBuffer
 from dtok_ext.shm import utf8_length
 
@@ -64,7 +67,7 @@ class PoolError(RuntimeError):
 
 class Request:
     __slots__ = ("future", "text", "special", "meta", "kind", "parts", "pending", "failed",
-                 "want_list", "waiter", "direct", "times")
+                 "want_list", "waiter", "direct", "times", "keys", "bounds")
 
 
     def __init__(self, text, special, kind, want_list=False, waiter=None):
@@ -78,6 +81,8 @@ class Request:
         self.waiter = waiter  # thread id of a synchronous caller that may wait directly
         self.direct: list[tuple[Channel, Task]] = []  # tasks that caller waits on itself
         self.times = [time.monotonic()]  # submit, sent, picked, answered, harvested
+        self.keys = None  # content lookup: the text's keys in the pool's ContentIndex
+        self.bounds: list[int] = []  # chunked: the chunks' lengths
 
 
 class Task:
@@ -156,7 +161,7 @@ class Pool:
                  name: str | None = None, max_sessions: int = 4096,
                  session_bytes: int = 128 << 20, shm_bytes: int | None = None,
                  spin_us: int = 200, chunks_per_worker: int = 1,
-                 stateless_queue: str = "shared") -> None:
+                 stateless_queue: str = "shared", worker_nice: int = 5) -> None:
         if isinstance(tokenizer_or_path, Tokenizer):
             self.tokenizer = tokenizer_or_path
             worker_knobs = dict(tokenizer_or_path.knobs)
@@ -180,6 +185,7 @@ class Pool:
         self.request_timeout, self.start_timeout = float(request_timeout), float(start_timeout)
         self.worker_start_timeout = float(worker_start_timeout)
         self.spin_us = spin_us
+        self.worker_nice = worker_nice
         self.chunks_per_worker = chunks_per_worker
         self.stateless_queue = stateless_queue
         self._rr = itertools.count()
@@ -189,6 +195,7 @@ class Pool:
         a = self.tokenizer.admission
         self._prefix_ids, self._suffix_ids = a.prefix, a.suffix
         self._lock = threading.RLock()
+        self._finishing: deque = deque()  # results to convert to lists, outside the lock
         self._closed = False
         self._t0 = time.monotonic()
         self.prefix = shm.new_prefix()
@@ -196,11 +203,15 @@ class Pool:
             cap = shm.shm_capacity()
             shm_bytes = None if cap is None else max(64 << 20, cap * 3 // 4)
         self._budget = shm.Budget(shm_bytes)
-        self.sessions = SessionTable(self.prefix, self._budget, len(a.prefix), len(a.suffix),
+        self.sessions = SessionTable(self.prefix, self._budget, a.prefix, a.suffix,
                                      max_sessions, session_bytes)
+        self.content_lookup = tk["content_lookup"]  # unkeyed texts continue stored sessions
+        self._lookup_entries = tk["lookup_entries"]
+        self.index = ContentIndex()
         self._here = self.tokenizer.with_knobs(content_lookup=False)  # failover route
         self._failover = ThreadPoolExecutor(2, thread_name_prefix="dtok-pool-failover")
-        self._counts = dict(requests=0, stateless=0, chunked=0, chunks=0, session_hits=0,
+        self._counts = dict(requests=0, stateless=0, chunked=0, chunks=0, lookups=0,
+                            lookup_hits=0, session_hits=0,
                             session_repairs=0, session_edits=0, session_inits=0,
                             plan_failures=0, failovers=0, timeouts=0, worker_deaths=0,
                             replacements=0, errors=0, in_process=0, shm_full=0)
@@ -242,7 +253,8 @@ class Pool:
                  "max_chunks": self.max_chunks, "scan_budget": list(self.tokenizer.knobs["scan_budget"])}
         config = {"prefix": self.prefix, "name": self.name, "path": str(files.path),
                   "config": files.config, "sha256": self.tokenizer.admission.sha256,
-                  "knobs": knobs, "spin_us": self.spin_us, **self._test_config}
+                  "knobs": knobs, "spin_us": self.spin_us, "worker_nice": self.worker_nice,
+                  **self._test_config}
         try:
             self.zygote = ZygoteClient(self._res, config, _tokenizer_bytes(self.tokenizer))
             loaded = self.zygote.wait_loaded(deadline)
@@ -382,6 +394,7 @@ class Pool:
                     self._assign()  # a next chunk sent from here is waited on here too
                 elif left <= 0:
                     self._check_timeouts()
+            self._finish_lists()
         req.direct = []  # the tasks refer to the request: no cycle keeps its result alive
         return req.future.result()
 
@@ -464,18 +477,29 @@ class Pool:
         if type(text) is not str or type(special) is not bool or not self._channels:
             self._in_process(req, inline=waiter is not None)
             return req
+        # A long stateless text is planned and cut before the lock is taken: other threads
+        # (the dispatcher, an event loop's next request) do not wait behind the copies.
+        found = None
+        if session is None and self.content_lookup and len(text) >= LOOKUP_MIN_CHARS:
+            with self._lock:
+                found = self._lookup(req)  # sets req.keys
+        pieces = self._chunks(text) if session is None and found is None \
+            and len(text) >= self.chunk_threshold else None
         with self._lock:
             if not any(ch.alive or ch.ready_by for ch in self._channels):
                 self._in_process(req, inline=waiter is not None)
                 return req
             self._counts["requests"] += 1
-            if session is not None:
-                meta = self.sessions.get(session)
+            if session is not None or found is not None or (req.keys and pieces is None):
+                # a keyed session, the stored text content lookup found, or a short unkeyed
+                # text a new session keeps for content lookup
+                meta = (self.sessions.get(session) if session is not None else
+                        found if found is not None else self._new_content_session())
                 req.meta = meta
                 meta.queue.append(req)
                 self._start_session_request(meta)
-            elif len(text) >= self.chunk_threshold:
-                self._submit_chunked(req)
+            elif pieces is not None and len(pieces) > 1:
+                self._submit_chunked(req, pieces)
             else:
                 self._counts["stateless"] += 1
                 self._push_stateless(Task(P.OP_ENCODE, "stateless", req, text,
@@ -512,25 +536,56 @@ class Pool:
             worker = live[next(self._rr) % len(live)].index
         self.queues.push(worker, task, time.monotonic())
 
-    def _submit_chunked(self, req: Request) -> None:
-        text = req.text
-        live = max(1, len(self._live()))
+    def _lookup(self, req: Request) -> PoolSession | None:
+        """Content lookup (dtok.sessions.ContentIndex): the session an unkeyed text continues —
+        the stored text found, when it is idle and the new text shares at least half of it as
+        a prefix — or None (a fork sharing a shorter prefix, two conversations with one system
+        prompt, leaves the stored one as it is)."""
+        self._counts["lookups"] += 1
+        found, req.keys = self.index.find(req.text)
+        if (found is not None and found.text is not None and found.inflight is None
+                and not found.queue and 2 * common_prefix(found.text, req.text) >= len(found.text)):
+            self._counts["lookup_hits"] += 1
+            return found
+        return None
+
+    def _new_content_session(self) -> PoolSession:
+        for victim in self.sessions.victims(content_limit=self._lookup_entries - 1):
+            self._drop_session(victim)
+        return self.sessions.new_content()
+
+    def _adopt(self, req: Request, parts: list) -> None:
+        """A long unkeyed text missed by content lookup is encoded stateless (its chunks on all
+        the workers), then kept as a session so that its next turn continues it; its chunk cuts
+        are its first anchors."""
+        meta = self._new_content_session()
+        offsets, tokens = [0], [0]
+        for piece_len, ids in zip(req.bounds, parts):
+            offsets.append(offsets[-1] + piece_len)
+            tokens.append(tokens[-1] + len(ids))
+        if self.sessions.adopt(meta, req.text, parts, Anchors(offsets, tokens)):
+            self.index.add(meta, req.keys)
+        else:
+            self.sessions.drop(meta)
+
+    def _chunks(self, text: str) -> list[str]:
+        """The chunks of a long stateless text: as many as the live workers take
+        (``chunks_per_worker`` each), cut by the in-process planner."""
+        live = max(1, sum(ch.alive for ch in self._channels))
         k = min(chunk_count(len(text), self.chunk_target, self.max_chunks),
                 live * self.chunks_per_worker)
-        cuts = chunk_cuts(self.tokenizer.rules, text, k, self.tokenizer.knobs["scan_budget"])
-        if not cuts:
-            self._counts["stateless"] += 1
-            self._push_stateless(Task(P.OP_ENCODE, "stateless", req, text,
-                                      self.estimator.weight(text)))
-            return
+        bounds = [0, *chunk_cuts(self.tokenizer.rules, text, k,
+                                 self.tokenizer.knobs["scan_budget"]), len(text)]
+        return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    def _submit_chunked(self, req: Request, pieces: list[str]) -> None:
         req.kind = "chunked"
-        bounds = [0, *cuts, len(text)]
-        req.parts = [None] * (len(bounds) - 1)
-        req.pending = len(req.parts)
+        req.bounds = [len(p) for p in pieces]
+        req.parts = [None] * len(pieces)
+        req.pending = len(pieces)
         self._counts["chunked"] += 1
-        self._counts["chunks"] += len(req.parts)
-        for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
-            piece = text[a:b]
+        self._counts["chunks"] += len(pieces)
+        for i, piece in enumerate(pieces):
             self._push_stateless(Task(P.OP_ENCODE, "chunk", req, piece,
                                       self.estimator.weight(piece), index=i))
 
@@ -630,17 +685,16 @@ class Pool:
                 return
             affix = (self._prefix_ids, self._suffix_ids) if req.special else ((), ())
             if req.kind != "chunked":
-                ids = memoryview(ch.result.map)[: 4 * c.n_ids].cast("i")
-                try:
-                    out = IdBuffer.concat((ids,), *affix)
-                finally:
-                    ids.release()
-                self._resolve(req, memoryview(out))
-                return
-            req.parts[task.index] = ch.encoded_ids()
-            req.pending -= 1
-            if req.pending == 0:
-                self._resolve(req, memoryview(IdBuffer.concat(req.parts, *affix)))
+                req.parts, req.bounds = [ch.encoded_ids()], [len(req.text)]
+            else:
+                req.parts[task.index] = ch.encoded_ids()
+                req.pending -= 1
+                if req.pending:
+                    return
+            self._resolve(req, memoryview(IdBuffer.concat(req.parts, *affix)))
+            if req.keys is not None:
+                self._adopt(req, req.parts)
+            req.parts = None
             return
         meta = task.meta
         if status == P.ST_PLAN_FAILED:  # never expected: encode it whole
@@ -660,6 +714,9 @@ class Pool:
                                self.tokenizer.rules.context, self._plan_knobs.spacing)
         self.sessions.accept(meta, task.seg_gen, task.capacity, req.text, c.n_ids, anchors,
                              ch.index)
+        if meta.content:
+            self.index.remove(meta)
+            self.index.add(meta, req.keys)
         kind = {"encode": "session_inits", "append": "session_repairs",
                 "edit": "session_edits"}[task.plan.kind]
         self._counts[kind] += 1
@@ -676,12 +733,29 @@ class Pool:
             self._resolve(req, self.sessions.view(meta, req.special))
 
     def _resolve(self, req: Request, value) -> None:
-        if req.want_list and not isinstance(value, list):
-            value = value.tolist()
         if self.trace is not None:
             self.trace.append((req.kind, *req.times))
-        if not req.future.done():
+        if req.want_list and not isinstance(value, list):
+            self._finishing.append((req, value))  # a whole text's list: built outside the lock
+        elif not req.future.done():
             req.future.set_result(value)
+
+    def _finish_lists(self) -> None:
+        """Turn whole texts' results into lists, outside the pool's lock, in the threads that
+        answer requests (the dispatcher, the failover threads, a synchronous caller) — never the
+        caller's event loop: a list of a million IDs takes milliseconds to build, in slices that
+        let other threads have the GIL in between."""
+        while self._finishing:
+            try:
+                req, view = self._finishing.popleft()
+            except IndexError:
+                break
+            out: list[int] = []
+            for i in range(0, len(view), 1 << 14):
+                out += view[i : i + (1 << 14)].tolist()
+                time.sleep(5e-5)  # a real pause: the GIL goes to a waiting thread (an event loop)
+            if not req.future.done():
+                req.future.set_result(out)
 
     def _task_dropped(self, task: Task) -> None:
         """A task that will not complete: release a segment created for it."""
@@ -689,6 +763,8 @@ class Pool:
             self.sessions.drop_pending(task.meta, task.seg_gen)
 
     def _drop_session(self, meta: PoolSession) -> None:
+        if meta.content:
+            self.index.remove(meta)
         if meta.known_by is not None and self._channels[meta.known_by].alive:
             self._channels[meta.known_by].drops.append(meta.sid)
         self.sessions.drop(meta)
@@ -721,6 +797,8 @@ class Pool:
         meta = req.meta
         if meta is not None and not reason.startswith("shared memory"):
             self.sessions.reset(meta)
+            if meta.content:
+                self.index.remove(meta)
 
         def run():
             try:
@@ -733,6 +811,7 @@ class Pool:
                         if meta.inflight is req:
                             meta.inflight = None
                         self._start_session_request(meta)
+                self._finish_lists()
 
         self._failover.submit(run)
 
@@ -751,6 +830,7 @@ class Pool:
                 self._resolve(req, self._encode_here(req.text, req.special))
             except BaseException as exc:  # noqa: BLE001
                 req.future.set_exception(exc)
+            self._finish_lists()
 
         if inline:
             run()
@@ -785,6 +865,7 @@ class Pool:
                 self._check_timeouts()
                 self._check_starting()
                 self.sessions.reap()
+            self._finish_lists()
 
     def _zygote_loop(self) -> None:
         events = self.zygote.events

@@ -16,12 +16,13 @@ from dtok.pool import protocol as P
 from dtok.pool import shm
 from dtok.repair import Anchors, Plan
 from dtok_ext.buffers import IdList
-from dtok_ext.shm import MappedIds
+from dtok_ext.shm import MappedIds, write_ids
 
 
 class PoolSession:
     __slots__ = ("key", "sid", "text", "anchors", "n_body", "gen", "seg", "ids", "capacity",
-                 "queue", "inflight", "nbytes", "lists", "known_by")
+                 "queue", "inflight", "nbytes", "lists", "known_by", "content", "end_key",
+                 "ckpt_keys", "used")
 
     def __init__(self, key: Hashable, sid: int) -> None:
         self.key, self.sid = key, sid
@@ -37,22 +38,29 @@ class PoolSession:
         self.nbytes = 0
         self.lists: dict[bool, IdList] = {}  # per add_special_tokens: the list handed out
         self.known_by: int | None = None  # the worker that last mapped its segment
+        self.content = False  # found by content lookup (no key of its own)
+        self.end_key = None  # content lookup: its text's keys (dtok.sessions.ContentIndex)
+        self.ckpt_keys: tuple = ()
+        self.used = 0  # the table's clock at its last result
 
 
 class SessionTable:
     """Sessions by key, least recently used first; bounded by ``max_sessions`` and
     ``session_bytes`` (text, IDs, anchors and lists)."""
 
-    def __init__(self, prefix: str, budget: shm.Budget, n_prefix: int, n_suffix: int,
+    def __init__(self, prefix: str, budget: shm.Budget, prefix_ids: tuple, suffix_ids: tuple,
                  max_sessions: int, session_bytes: int) -> None:
         self.prefix = prefix
         self.budget = budget
-        self.n_prefix, self.n_suffix = n_prefix, n_suffix
+        self.prefix_ids, self.suffix_ids = prefix_ids, suffix_ids
+        self.n_prefix, self.n_suffix = len(prefix_ids), len(suffix_ids)
         self.max_sessions = max_sessions
         self.session_bytes = session_bytes
         self.bytes_used = 0
         self._by_key: OrderedDict[Hashable, PoolSession] = OrderedDict()
         self._next_sid = 1
+        self._clock = 0
+        self.n_content = 0  # sessions made for content lookup
         self._pending: dict[tuple[int, int], shm.Segment] = {}  # (sid, gen) -> segment in flight
         self._retired: list[tuple[shm.Segment, MappedIds | None]] = []
 
@@ -64,6 +72,13 @@ class SessionTable:
         if meta is None:
             meta = self._by_key[key] = PoolSession(key, self._next_sid)
             self._next_sid += 1
+        return meta
+
+    def new_content(self) -> PoolSession:
+        """A session for an unkeyed text that content lookup did not place."""
+        meta = self.get(("dtok-content", self._next_sid))
+        meta.content = True
+        self.n_content += 1
         return meta
 
     def values(self):
@@ -100,8 +115,27 @@ class SessionTable:
             meta.capacity = capacity
         meta.text, meta.n_body, meta.anchors, meta.known_by = text, n_body, anchors, worker
         meta.ids.length = self.n_prefix + n_body + self.n_suffix
+        self._clock += 1
+        meta.used = self._clock
         self._account(meta)
         self._by_key.move_to_end(meta.key)
+
+    def adopt(self, meta: PoolSession, text: str, parts: list, anchors: Anchors) -> bool:
+        """A stateless result (body IDs in ``parts``) becomes a session's state: written into a
+        new segment, as a worker would have. False when shared memory cannot be had."""
+        n_body = sum(len(p) for p in parts)
+        capacity = self.n_prefix + n_body + self.n_suffix
+        capacity += max(4096, capacity >> 3)
+        gen = meta.gen + 1
+        try:
+            seg = shm.Segment(P.session_name(self.prefix, meta.sid, gen), 4 * capacity, True,
+                              self.budget)
+        except shm.ShmFull:
+            return False
+        write_ids(seg.map, 0, [self.prefix_ids, *parts, self.suffix_ids])
+        self._pending[(meta.sid, gen)] = seg
+        self.accept(meta, gen, capacity, text, n_body, anchors, None)
+        return True
 
     def drop_pending(self, meta: PoolSession, gen: int) -> None:
         """A task that will not complete: release the segment made for it."""
@@ -166,25 +200,31 @@ class SessionTable:
         meta.nbytes = size
 
     def drop(self, meta: PoolSession) -> None:
-        self._by_key.pop(meta.key, None)
+        if self._by_key.pop(meta.key, None) is not None and meta.content:
+            self.n_content -= 1
         self.bytes_used -= meta.nbytes
         meta.nbytes = 0
         self.reset(meta)
 
-    def victims(self, force: bool = False) -> list[PoolSession]:
+    def victims(self, force: bool = False, content_limit: int | None = None) -> list[PoolSession]:
         """Idle sessions to drop, least recently used first: while over the bounds (or, with
-        ``force``, one, to make room in shared memory)."""
+        ``force``, one, to make room in shared memory; content sessions beyond
+        ``content_limit``)."""
         out = []
         over_n = len(self._by_key) - self.max_sessions
         over_b = self.bytes_used - self.session_bytes
+        over_c = self.n_content - content_limit if content_limit is not None else 0
         for meta in self._by_key.values():
-            if not (over_n > 0 or over_b > 0 or (force and not out)):
+            if not (over_n > 0 or over_b > 0 or over_c > 0 or (force and not out)):
                 break
+            if over_c > 0 and not (over_n > 0 or over_b > 0 or force) and not meta.content:
+                continue
             if meta.inflight is not None or meta.queue:
                 continue
             out.append(meta)
             over_n -= 1
             over_b -= meta.nbytes
+            over_c -= meta.content
         return out
 
     def close(self) -> None:

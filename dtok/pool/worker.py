@@ -200,9 +200,11 @@ class Worker:
         return P.ST_OK
 
 
-def main(tok, prefix: str, index: int, title: str, spin_us: int = 0) -> None:
+def main(tok, prefix: str, index: int, title: str, spin_us: int = 0, nice: int = 0) -> None:
     """Entry point in a freshly forked worker process."""
     _die_with_parent()
+    if nice:  # below the front end: its event loop gets a core first
+        os.nice(nice)
     try:
         from setproctitle import setproctitle
 

@@ -1,7 +1,8 @@
 """The zygote: a fresh process that loads the tokenizer once and forks the pool's workers.
 
 The front end may have threads (an event loop, encoder threads, fastokens' own pool); forking it
-would copy locks held by them. The zygote is started fresh (``python -m dtok.pool.zygote``),
+would copy locks held by them. The zygote is started fresh (a new interpreter that imports the
+front end's own ``dtok``, see ``zygote_client``),
 loads the tokenizer with every library single-threaded (``FASTOKENS_BPE_THREADS=1``,
 ``TOKENIZERS_PARALLELISM=false``, ``OPENBLAS_NUM_THREADS=1``, ...: see
 ``zygote_client.ZYGOTE_ENV``), encodes nothing, and forks workers on request, so they share its
@@ -191,7 +192,7 @@ def _become_worker(tok, index: int, config: dict, hang: bool = False) -> None:
         from dtok.pool import worker
 
         worker.main(tok, config["prefix"], index, f"dtok-pool[{config['name']}] worker {index}",
-                    config.get("spin_us", 0))
+                    config.get("spin_us", 0), config.get("worker_nice", 0))
     except BaseException:  # noqa: BLE001 - a worker must never return into the zygote's loop
         import traceback
 

@@ -14,6 +14,7 @@ import select
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from dtok.pool import protocol as P
 from dtok.pool import shm
@@ -25,6 +26,12 @@ from dtok.pool import shm
 ZYGOTE_ENV = {"FASTOKENS_BPE_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
               "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "RAYON_NUM_THREADS": "1"}
+
+
+# The zygote runs the dtok this process imported (not whatever ``dtok`` the working directory
+# holds, which is what ``python -m`` would find first).
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_ZYGOTE_MAIN = "import sys; sys.path.insert(0, sys.argv[1]); from dtok.pool.zygote import main; main()"
 
 
 class EventReader:
@@ -87,8 +94,9 @@ class ZygoteClient:
         env = {**os.environ, **ZYGOTE_ENV}
         env.pop("FASTOKENS_INPUT_CACHE", None)
         env.pop("FASTOKENS_SEGMENT_CACHE", None)
-        z = subprocess.Popen([sys.executable, "-m", "dtok.pool.zygote"], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, env=env, close_fds=True, bufsize=0)
+        z = subprocess.Popen([sys.executable, "-c", _ZYGOTE_MAIN, _PACKAGE_ROOT],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                             close_fds=True, bufsize=0)
         res.zygote = z
         self.events = EventReader(z.stdout.fileno())
         try:  # the configuration line, then the tokenizer's bytes (not /dev/shm: it may be small)
