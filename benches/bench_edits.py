@@ -178,8 +178,9 @@ def main() -> None:
                                               "p99_spread": (min(p99s), max(p99s))}
             results["replay"].append(row)
             e, x = row.get("edited_session", {}), row.get("extending_session", {})
+            lo, hi = e.get("median_spread", (float("nan"),) * 2)
             print(f"qwen3 {encoder:9s} context {context:>9,}: edited turns session "
-                  f"{e.get('median_ms', float('nan')):.3f} ms (spread {e.get('median_spread')}, "
+                  f"{e.get('median_ms', float('nan')):.3f} ms (repeats {lo:.3f}-{hi:.3f}, "
                   f"P99 {e.get('p99_ms', float('nan')):.3f}) vs stateless "
                   f"{row.get('edited_stateless', {}).get('median_ms', float('nan')):.2f} ms, "
                   f"reference {ref_ms:.1f} ms (x{ref_ms / e.get('median_ms', float('nan')):.0f}); "

@@ -2,6 +2,7 @@
 """dtok on the fast encoder next to the encoders users would pick, exactness checked.
 
     python benches/bench_fast.py [--tokenizers ...] [--sizes 1000000] [--repeats 3] [--modes ...]
+                                 [--pause-ms 20] [--speed-only]
     python benches/bench_fast.py --breakdown-only
     python benches/bench_fast.py --order-only
     python benches/bench_fast.py --memory-only
@@ -18,10 +19,10 @@ Each (tokenizer, mode) runs in a fresh process with FASTOKENS_BPE_THREADS=1 (unl
 For every kind of text (prose, code, multilingual, adversarial: the adversarial corpus files
 concatenated) distinct documents (an even number) are encoded by every encoder: the peers
 first, then dtok and fastokens in alternating order, so that each of the two comes right after
-the others equally often; every call on a fresh copy of the text and after a 20 ms pause (what
-ran just before matters, through encoder threads and glibc's heap: ``--order-only`` measures
-that itself); dtok's IDs are compared with the
-reference's. Printed: medians, P99, the per-document ratio dtok / fastokens (median and
+the others equally often; every call on a fresh copy of the text and after a pause
+(``--pause-ms``, 20 by default: requests spaced out in time; what ran just before matters,
+through encoder threads and glibc's heap: ``--order-only`` measures that itself; 0: back to
+back); dtok's IDs are compared with the reference's. Printed: medians, P99, the per-document ratio dtok / fastokens (median and
 min-max over the documents) and the CPU-time ratio. Then a guarded 1M-character document (one
 unassigned code point). ``--breakdown-only``: where dtok's single-thread time goes (plan, slice,
 route, encoder calls, concatenation) next to fastokens alone. Memory runs measure, in fresh
@@ -44,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import SHARED, documents, header, machine, smaps, summary, write_json  # noqa: E402
 
-PAUSE_S = 0.02
+PAUSE_MS = 20.0  # default pause before each timed call (--pause-ms)
 MODES = ("single", "single+others", "2 threads", "2 threads+others")
 KINDS = ("prose", "code", "multilingual", "adversarial")
 
@@ -93,7 +94,8 @@ def peers(path: Path, with_others: bool) -> dict:
     return out
 
 
-def run_speed(name: str, mode: str, sizes: list[int], repeats: int) -> list[dict]:
+def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
+              pause_ms: float = PAUSE_MS) -> list[dict]:
     import dtok
 
     threads = 1 if mode.startswith("single") else None
@@ -133,7 +135,7 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int) -> list[dict
                     # a str as UTF-8 cache that form inside the str object, which would let
                     # whoever comes second skip the transcoding
                     fresh = (doc + " ")[:-1]
-                    time.sleep(PAUSE_S)  # the previous encoder's threads settle (see --order)
+                    time.sleep(pause_ms / 1e3)  # the previous encoder's threads settle (--order)
                     c0, t0 = time.process_time(), time.perf_counter()
                     got = fn(fresh)
                     wall[label].append(time.perf_counter() - t0)
@@ -298,7 +300,7 @@ def run_memory(name: str, encoder: str) -> dict:
 
 def child(args) -> None:
     if args.child == "speed":
-        rows = run_speed(args.tokenizers[0], args.mode, args.sizes, args.repeats)
+        rows = run_speed(args.tokenizers[0], args.mode, args.sizes, args.repeats, args.pause_ms)
     elif args.child == "breakdown":
         rows = run_breakdown(args.tokenizers[0], args.repeats)
     elif args.child == "order":
@@ -316,6 +318,10 @@ def main() -> None:
     ap.add_argument("--memory-only", action="store_true")
     ap.add_argument("--breakdown-only", action="store_true")
     ap.add_argument("--order-only", action="store_true")
+    ap.add_argument("--speed-only", action="store_true")
+    ap.add_argument("--pause-ms", type=float, default=PAUSE_MS,
+                    help="pause before each timed call: 20 = requests spaced out in time (the "
+                         "other core idles in between), 0 = back to back")
     ap.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
     ap.add_argument("--child", choices=["speed", "memory", "breakdown", "order"],
                     help=argparse.SUPPRESS)
@@ -328,11 +334,11 @@ def main() -> None:
     rows = []
     only = args.memory_only or args.breakdown_only or args.order_only
     jobs = [] if only else [("speed", n, m) for n in args.tokenizers for m in args.modes]
-    if not (args.memory_only or args.order_only):
+    if not (args.memory_only or args.order_only or args.speed_only):
         jobs += [("breakdown", n, "single") for n in args.tokenizers]
-    if not (args.memory_only or args.breakdown_only):
+    if not (args.memory_only or args.breakdown_only or args.speed_only):
         jobs += [("order", n, "single") for n in args.tokenizers]
-    if not (args.breakdown_only or args.order_only):
+    if not (args.breakdown_only or args.order_only or args.speed_only):
         jobs += [("memory", n, e) for n in args.tokenizers
                  for e in ("reference", "auto", "fastokens alone", "tokenizers alone")]
     for kind, name, mode in jobs:
@@ -341,7 +347,8 @@ def main() -> None:
         # itself, and "fastokens alone" is the single-thread baseline of the issue
         env.setdefault("FASTOKENS_BPE_THREADS", "1")
         cmd = [sys.executable, __file__, "--child", kind, "--mode", mode, "--tokenizers", name,
-               "--repeats", str(args.repeats), "--sizes", *map(str, args.sizes)]
+               "--repeats", str(args.repeats), "--pause-ms", str(args.pause_ms),
+               "--sizes", *map(str, args.sizes)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         for line in proc.stdout.splitlines():
             if line.startswith("JSON"):

@@ -19,12 +19,13 @@ from typing import Protocol
 
 from dtok_ext.buffers import ids_from_list
 
-FASTOKENS_VERSION = "0.3.5"
-STRETCH_CHARS = 65536  # reference stretches up to this size in all avoid the rayon pool  # the version the guard tables and the verification were built for
+FASTOKENS_VERSION = "0.3.5"  # the version the guard tables and the verification were built for
+STRETCH_CHARS = 65536  # reference stretches up to this size in all avoid the rayon pool
 
 # fastokens reads these at construction: a whole-input cache and a segment cache are cross-call
-# state dtok does not need, so they are removed from the environment while it loads.
-_FASTOKENS_CACHE_VARS = ("FASTOKENS_INPUT_CACHE", "FASTOKENS_SEGMENT_CACHE")
+# state dtok does not need, so they are removed from the environment while it (or a pool's
+# zygote) loads.
+FASTOKENS_CACHE_VARS = ("FASTOKENS_INPUT_CACHE", "FASTOKENS_SEGMENT_CACHE")
 
 
 class ChunkEncoder(Protocol):
@@ -55,7 +56,8 @@ class ReferenceEncoder:
 
     def encode_stretches(self, texts: list[str]) -> list:
         """:meth:`encode_many` for the short stretches the fast encoder may not take. Up to
-        STRETCH_CHARS characters in all, each is encoded by ``encode``, in the calling thread:
+        STRETCH_CHARS characters in all, each is encoded by the reference's own ``encode``, in the
+        calling thread:
         ``encode_batch_fast`` hands even one text to the reference's rayon pool, whose threads
         then spin for work while the fast encoder runs (on two cores that took the fast
         encoder's core). More than that: ``encode_batch_fast``, the pool does pay."""
@@ -80,7 +82,7 @@ def fastokens_version() -> str | None:
 
 @contextmanager
 def _without_cache_env():
-    saved = {k: os.environ.pop(k) for k in _FASTOKENS_CACHE_VARS if k in os.environ}
+    saved = {k: os.environ.pop(k) for k in FASTOKENS_CACHE_VARS if k in os.environ}
     try:
         yield
     finally:

@@ -58,6 +58,13 @@ class BodyEncoder(Protocol):
         """Where the stateless route cuts ``text`` into chunks (none for a short text)."""
 
 
+def replaces(reused: int, stored: int) -> bool:
+    """Content lookup's rule: a text that reuses at least half of a stored text's characters
+    continues it (and replaces it); one that shares less is a fork (another conversation with
+    the same start) and is kept beside it."""
+    return 2 * reused >= stored
+
+
 def _headroom(n: int) -> int:
     """Spare capacity after a splice: appends rarely reallocate, and at most ~6% is unused."""
     return max(1024, n >> 4)
@@ -268,10 +275,8 @@ class SessionStore:
                         found.unchanged = len(found.buf)
                         return self._result(found, add_special_tokens, as_list)
                     entry.text, entry.buf, entry.anchors = found.text, found.buf, found.anchors
-                    reused = self._serve(entry, text)
-                    # A continuation that reused most of the stored text replaces it; a fork that
-                    # shares only a shorter prefix (another conversation) is kept beside it.
-                    replace = 2 * reused >= len(found.text)
+                    reused = self._serve(entry, text, borrowed=True)
+                    replace = replaces(reused, len(found.text))
                     if replace:
                         entry.lists = found.lists
                     result = self._result(entry, add_special_tokens, as_list)
@@ -300,7 +305,7 @@ class SessionStore:
         old = entry.text if entry is not None else None
         if old is None:
             return {} if key is None else {"session": f"no stored text for this {source}"}
-        plan = self._plan(old, entry.anchors, text)
+        plan = self.plan(old, entry.anchors, text)
         if plan.kind == "encode":
             return {"session": f"{source}: nothing of the stored text can be reused"}
         route = {"hit": "session hit", "append": "session repair", "edit": "session edit"}[plan.kind]
@@ -313,17 +318,20 @@ class SessionStore:
 
     # --- the work -------------------------------------------------------------------------
 
-    def _serve(self, entry: Entry, text: str) -> int:
+    def _serve(self, entry: Entry, text: str, borrowed: bool = False) -> int:
         """Bring the entry to `text` (caller holds its lock); returns how many characters of the
-        stored text were reused."""
-        plan = self._plan(entry.text, entry.anchors, text)
+        stored text were reused. ``borrowed``: the entry's buffer belongs to a content-lookup
+        entry that this one replaces only if it reuses most of it; otherwise the buffer is never
+        spliced in place (the stored entry keeps its IDs)."""
+        plan = self.plan(entry.text, entry.anchors, text)
         kind = {"hit": "hits", "append": "repairs", "edit": "edits",
                 "encode": "full_encodes"}[plan.kind]
         reused = len(text) if plan.kind == "hit" else plan.describe()["reused_chars"]
         entry.unchanged = len(entry.buf) if plan.kind == "hit" else 0
         if plan.kind != "hit":
+            in_place = not borrowed or replaces(reused, len(entry.text))
             try:
-                self._apply(entry, plan, text)
+                self._apply(entry, plan, text, in_place)
             except Exception:  # noqa: BLE001 - the stateless route decides (and raises)
                 # A continuation that failed (an encoder error, a failed check) is encoded whole
                 # by the stateless route: the reference's IDs, or the reference's exception.
@@ -337,11 +345,13 @@ class SessionStore:
         self._count(kind)
         return reused
 
-    def _plan(self, old: str | None, anchors: Anchors | None, text: str) -> Plan:
+    def plan(self, old: str | None, anchors: Anchors | None, text: str) -> Plan:
+        """The plan that brings ``old`` (with its ``anchors``; None: nothing stored) to
+        ``text``, under this store's knobs: what its sessions and a pool's run."""
         return plan_text(self._bodies.rules, old, anchors, text, self.plan_knobs,
                          self._bodies.chunk_cuts)
 
-    def _apply(self, entry: Entry, plan: Plan, text: str) -> None:
+    def _apply(self, entry: Entry, plan: Plan, text: str, in_place: bool = True) -> None:
         b = self._bodies
         p, s = len(b.prefix), len(b.suffix)
         old_body = entry.buf.view(p, len(entry.buf) - s) if entry.buf is not None else None
@@ -352,9 +362,10 @@ class SessionStore:
         if entry.buf is None or plan.kind == "encode":
             buf = IdBuffer.concat(outcome.tail, b.prefix, b.suffix, _headroom(total // 3))
         else:
-            if plan.in_place:
+            if plan.in_place and in_place:
                 old_body.release()  # only new IDs follow the kept ones: splice in place if no caller holds a view
-            # otherwise the tail holds slices of the old IDs, so the splice copies on write
+            # otherwise the tail holds slices of the old IDs (or old_body stays held for a
+            # borrowed buffer), so the splice copies on write
             buf = entry.buf.splice(p + outcome.keep, outcome.tail, b.suffix, _headroom(total))
         outcome.tail.clear()
         entry.buf, entry.text, entry.anchors = buf, text, anchors

@@ -19,7 +19,7 @@ from dtok_ext.buffers import IdBuffer, ids_from_list
 from dtok_ext.cuts import CutRules
 from dtok_ext.specials import SpecialMatcher
 
-__all__ = ["Tokenizer", "Bodies", "KNOBS", "chunk_count", "chunk_cuts"]
+__all__ = ["Tokenizer", "Bodies", "KNOBS", "chunk_count", "chunk_cuts", "positive_int"]
 
 log = logging.getLogger("dtok")
 
@@ -79,6 +79,12 @@ def _available_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def positive_int(name: str, value) -> None:
+    """The check every count-like knob gets (the tokenizer's and the pool's)."""
+    if type(value) is not int or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
 def _validated(knobs: dict[str, Any]) -> dict[str, Any]:
     unknown = set(knobs) - set(KNOBS)
     if unknown:
@@ -86,8 +92,7 @@ def _validated(knobs: dict[str, Any]) -> dict[str, Any]:
     k = {**KNOBS, **knobs}
     for name in ("chunk_threshold", "chunk_target", "max_chunks", "max_sessions",
                  "session_bytes", "lookup_entries", "anchor_spacing", "edit_budget"):
-        if type(k[name]) is not int or k[name] < 1:
-            raise ValueError(f"{name} must be a positive int, got {k[name]!r}")
+        positive_int(name, k[name])
     if k["threads"] is not None and (type(k["threads"]) is not int or k["threads"] < 1):
         raise ValueError(f"threads must be a positive int or None, got {k['threads']!r}")
     try:

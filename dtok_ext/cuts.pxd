@@ -14,9 +14,14 @@ cdef enum:
     SAFE_TRANSITION = 2    # accepted class transition, normalization checked
     NEEDS_NFC = 3          # accepted raw transition; the NFC equation must still be checked
 
+ctypedef struct _Clean:
+    unsigned int below  # every code point below this is clean
+    unsigned int lo, hi  # and every one in [lo, hi): the run around U+2019 (quotes, dashes)
+
 cdef class CutRules:
     cdef object _table
     cdef const unsigned char* table
+    cdef _Clean clean[2]  # the clean ranges of the table: [0] guards only, [1] NFC anchors too
     cdef unsigned char accept[64 * 64]
     cdef readonly SpecialMatcher specials
     cdef readonly bint nfc

@@ -42,11 +42,6 @@ cdef enum:
     SCAN_BLOCK = 256  # characters checked at once against the clean prefix of the code space
 
 
-ctypedef struct _Clean:
-    unsigned int below  # every code point below this is clean
-    unsigned int lo, hi  # and every one in [lo, hi): the run around U+2019 (quotes, dashes)
-
-
 cdef extern from *:
     """
     /* Does any of p[0..n) lie outside the clean ranges (>= below and outside [lo, lo+width))?
@@ -128,16 +123,17 @@ cdef _Clean _clean_ranges(const unsigned char* table, unsigned char need) noexce
     return r
 
 
-cdef Py_ssize_t _first_flagged(const unsigned char* table, const UText* t, Py_ssize_t start,
-                               Py_ssize_t stop, unsigned char need) noexcept nogil:
+cdef Py_ssize_t _first_flagged(const unsigned char* table, const _Clean* clean, const UText* t,
+                               Py_ssize_t start, Py_ssize_t stop,
+                               unsigned char need) noexcept nogil:
     """First i in [start, stop) whose character is a guard character, or lacks a flag of
-    ``need`` (NFC_ANCHOR or 0); -1 if none. One loop per string width."""
-    cdef _Clean clean = _clean_ranges(table, need)
+    ``need`` (NFC_ANCHOR or 0; ``clean`` its clean ranges); -1 if none. One loop per string
+    width."""
     if t.kind == 1:
-        return _scan(table, <const Py_UCS1*>t.data, start, stop, need, &clean)
+        return _scan(table, <const Py_UCS1*>t.data, start, stop, need, clean)
     if t.kind == 2:
-        return _scan(table, <const Py_UCS2*>t.data, start, stop, need, &clean)
-    return _scan(table, <const Py_UCS4*>t.data, start, stop, need, &clean)
+        return _scan(table, <const Py_UCS2*>t.data, start, stop, need, clean)
+    return _scan(table, <const Py_UCS4*>t.data, start, stop, need, clean)
 
 
 cdef class CutRules:
@@ -151,6 +147,8 @@ cdef class CutRules:
             raise ValueError("transition matrix must be 64 x 64")
         self._table = table
         self.table = <const unsigned char*>table
+        self.clean[0] = _clean_ranges(self.table, 0)
+        self.clean[1] = _clean_ranges(self.table, NFC_ANCHOR)
         for i in range(64 * 64):
             self.accept[i] = accept[i]
         self.specials = specials
@@ -330,8 +328,8 @@ cdef class CutRules:
         check that the reference normalizer leaves them unchanged). ``nfc=False`` skips the NFC
         part (the file's guard table proves the fast encoder normalizes as the reference does).
 
-        An ASCII text whose 128 characters are all clean costs O(1); otherwise one pass over
-        the string's own buffer, one loop per PEP 393 width, without the GIL."""
+        An ASCII text, when the 128 ASCII characters are all clean, costs O(1); otherwise one
+        pass over the string's own buffer, one loop per PEP 393 width, without the GIL."""
         cdef UText t = utext_of(text)
         cdef Py_ssize_t i = -1, stop = t.length if end is None else end
         cdef Py_ssize_t first_non_anchor = -1
@@ -343,14 +341,15 @@ cdef class CutRules:
             start = 0
         if start >= stop:
             return 0, -1
-        if PyUnicode_IS_ASCII(text) and _clean_ranges(self.table, need).below >= 128:
+        cdef const _Clean* clean = &self.clean[1 if need else 0]
+        if PyUnicode_IS_ASCII(text) and clean.below >= 128:
             return 0, -1
         with nogil:
-            i = _first_flagged(self.table, &t, start, stop, need)
+            i = _first_flagged(self.table, clean, &t, start, stop, need)
             if i >= 0 and not (self.table[uread(&t, i)] & FAST_GUARD):
                 # a non-anchor: remember it, keep looking for a guard character
                 first_non_anchor = i
-                i = _first_flagged(self.table, &t, i, stop, 0)
+                i = _first_flagged(self.table, &self.clean[0], &t, i, stop, 0)
         if i >= 0:
             return 1, i
         if first_non_anchor >= 0:
@@ -365,7 +364,7 @@ cdef class CutRules:
         i = start
         while i < stop:
             with nogil:
-                i = _first_flagged(self.table, &t, i, stop, 0)
+                i = _first_flagged(self.table, &self.clean[0], &t, i, stop, 0)
                 j = i
                 if i >= 0:
                     j = i + 1
@@ -485,16 +484,6 @@ cdef class CutRules:
                         break
             pos = j + 1
         return bad
-
-    def repair_cut(self, str new not None, Py_ssize_t old_len, Py_ssize_t budget):
-        """Latest position b <= old_len that is safe in both old = new[:old_len] and new; -1 if
-        none within `budget` characters. b == old_len means the old IDs are kept whole."""
-        cdef UText t = utext_of(new)
-        if old_len <= 0 or old_len > len(new):
-            return -1
-        if old_len < len(new) and self.resolve(new, &t, old_len, len(new)) != NOT_SAFE:
-            return old_len
-        return self.scan_back(new, old_len - 1, old_len - budget, old_len)
 
     # Continuations (dtok.repair): cuts of two texts at once, and anchor grids.
 

@@ -186,6 +186,24 @@ def test_unkeyed_edit_is_found_by_content_lookup():
     assert s["edits"] == 2 and s["lookup_hits"] == 2 and s["content"] == 2, s
 
 
+@pytest.mark.parametrize("as_list", [False, True])
+def test_a_fork_found_by_content_lookup_leaves_the_stored_text_as_it_was(as_list):
+    """A text sharing less than half of a stored text (another conversation with the same
+    start) continues from it but must not splice the stored entry's IDs in place: asked again,
+    the stored text gives its own IDs (no view or list of it is alive in between)."""
+    tok = fresh("qwen3")
+    prose = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")
+    base = prose[:5_000]
+    a, b = base + prose[100_000:107_500], base + prose[200_000:207_500]
+    encode = tok.encode_list if as_list else (lambda t: list(tok.encode(t)))
+    want_a, want_b = ref_ids_many(tok, [a, b])
+    assert encode(a) == want_a
+    assert encode(b) == want_b  # a fork of a's entry
+    assert encode(a) == want_a  # a's entry is found again, with its own IDs
+    s = tok.sessions.stats()
+    assert s["content"] == 2 and s["lookup_hits"] >= 2, s
+
+
 def test_content_lookup_never_changes_a_returned_view():
     """The race the store had: an entry published before its caller took its view could be
     spliced in place by a concurrent request extending the same text. The private hook runs

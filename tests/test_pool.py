@@ -14,7 +14,6 @@ import time
 
 import pytest
 
-import dtok
 from battery import battery_texts
 from conftest import MAIN_FILES, ROOT, load_tokenizer, read_text, ref_ids, ref_ids_many, shared_path
 from dtok.chat import detect_style, render_turns

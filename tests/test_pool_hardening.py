@@ -22,7 +22,7 @@ from conftest import ROOT, load_tokenizer, read_text, ref_ids, ref_ids_many, sha
 from dtok.admission import TokenizerFiles
 from dtok.chat import reasoning_chat, render_reasoning
 from dtok.cli import demo_text
-from dtok.pool import Pool, shm
+from dtok.pool import Pool
 from dtok.pool.zygote_client import EventReader
 from test_pool import pool_names, wait_until
 
@@ -126,6 +126,24 @@ def test_encode_async_never_encodes_on_the_event_loop_thread():
         assert list(ids) == ref_ids(tok, text)
         assert threads and loop_thread not in threads
         assert pool.stats()["in_process"] >= 1
+
+
+def test_requests_queued_when_the_last_worker_dies_are_answered():
+    """The zygote and every worker die while requests wait in the shared queue: none can be
+    replaced, so each queued request is answered in process (exactly), none waits forever."""
+    tok = load_tokenizer("llama3")
+    prose = read_text("prose", "gutenberg-2701_moby-dick.txt")
+    texts = [prose[i * 20_000 : i * 20_000 + 300_000] for i in range(6)]
+    with Pool(tok, workers=1, name="lastdeath") as pool:
+        futures = [pool.submit(t) for t in texts]  # one at the worker, the rest queued
+        pids = [pool.zygote_pid] + [w["pid"] for w in pool.stats()["workers"]]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        got = [list(f.result(timeout=120)) for f in futures]
+    assert got == ref_ids_many(tok, texts)
 
 
 def test_pool_from_a_tokenizer_built_from_bytes():
@@ -278,6 +296,9 @@ def test_an_idle_pool_uses_no_cpu():
         text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:100_000]
         for i in range(20):  # back to back: the workers' adaptive spin is on
             pool.encode(text + " x" * i, session="busy")
+        for i in range(10):  # spaced: no spin, and no wake-up is left over
+            pool.encode(text + " x" * (20 + i), session="busy")
+            time.sleep(0.01)
         time.sleep(0.5)
         pids = [pool.zygote_pid] + [w["pid"] for w in pool.stats()["workers"]]
         dispatcher = next(t for t in threading.enumerate() if t.name == "dtok-pool-dispatch")

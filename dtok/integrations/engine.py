@@ -17,10 +17,9 @@ Pool (``DTOK_POOL_WORKERS=N`` in the server's environment, or :func:`configure`)
 sessions and stateless prompts of at least ``DTOK_POOL_MIN_CHARS`` characters (default 16384)
 go to a :class:`dtok.Pool` built from the same dtok tokenizer, awaited without blocking the
 event loop; shorter prompts stay in process. The pool starts in a background thread on first
-use (requests are encoded in process until it is ready); if it cannot start (today: a
-tokenizer built from the live backend's bytes, which the pool cannot load), everything stays
-in process and :meth:`EngineHook.pool_state` says why. Unkeyed prompts sent to the pool get
-no content lookup (the pool's workers keep keyed sessions only).
+use (requests are encoded in process until it is ready); if it cannot start, everything
+stays in process and :meth:`EngineHook.pool_state` says why. Unkeyed prompts sent to the pool
+get its content lookup (a prompt sharing at least half of a stored one continues it).
 
 ``DTOK_STATS_FILE=PATH`` (``{pid}`` expands to the process id): each hook's
 :meth:`EngineHook.report` is written there as JSON when the process exits.
@@ -223,10 +222,9 @@ def _pool_min_chars() -> int:
             else _env_int("DTOK_POOL_MIN_CHARS", 16384))
 
 
-# The open-loop testbed's best design (README, Benchmarks): small chunks, shortest first, and
-# aging 0.01 so that appends overtake a burst of long documents. Applied where this Pool
-# version has the parameter.
-POOL_DEFAULTS = {"aging": 0.01, "chunks_per_worker": 8, "name": "serving"}
+# The open-loop testbed's best design (README, Benchmarks): the Pool's own shortest-first order
+# and aging, with small chunks. Applied where this Pool version has the parameter.
+POOL_DEFAULTS = {"chunks_per_worker": 8, "name": "serving"}
 
 
 def _new_pool(tok, workers: int):
@@ -304,7 +302,8 @@ class EngineHook:
         self.trusted_overrides = trusted_overrides
         self.stats = {"dtok_calls": 0, "keyed_calls": 0, "pool_calls": 0, "truncated": 0,
                       "passed_through": 0, "errors": 0}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # quick bookkeeping only: an event loop may take it
+        self._build_lock = threading.Lock()  # held for a whole build (seconds)
         self._by_tok: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._refused: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -338,7 +337,7 @@ class EngineHook:
                     threading.Thread(target=self.dtok_for, args=(hf_tokenizer,),
                                      name="dtok-build", daemon=True).start()
             return None
-        with self._lock:
+        with self._build_lock:
             if hf_tokenizer not in self._by_tok and hf_tokenizer not in self._refused:
                 wrapper, why = self.build(hf_tokenizer)
                 if wrapper is None:
@@ -463,24 +462,21 @@ class EngineHook:
         """The IDs the engine's tokenizer returns for ``text`` with ``options``, through dtok;
         None when dtok cannot reproduce the call. Blocking: a prompt routed to the pool is
         waited for in this thread. Raises what the encode raises."""
-        tok = wrapper.current()
-        pool = self.pool_route(wrapper, text, key)
-        self._count(key, pool is not None)
-        if pool is not None:
-            ids = list(pool.encode(text, session=key,
-                                   add_special_tokens=options.add_special_tokens))
-        else:
-            ids = _list_of(tok, text, key, options.add_special_tokens)
-        return self._finish(tok, ids, options)
+        tok, pool = wrapper.current(), self.pool_route(wrapper, text, key)
+        return self._encode_with(tok, tok if pool is None else pool, text, options, key)
+
+    def _encode_with(self, tok, owner, text, options, key) -> list[int] | None:
+        """Encode with ``owner``: the pool, or ``tok`` itself (in process)."""
+        self._count(key, owner is not tok)
+        return self._finish(tok, _list_of(owner, text, key, options.add_special_tokens), options)
 
     async def encode_async(self, wrapper, text: str, options: EncodeOptions = EncodeOptions(),
                            key: Any = None) -> list[int] | None:
         """:meth:`encode` for an event loop: a prompt routed to the pool is awaited, so the
         loop never waits behind it; the rest is encoded here, in the loop's thread."""
-        pool = self.pool_route(wrapper, text, key)
-        if pool is None:
-            return self.encode(wrapper, text, options, key)
-        tok = wrapper.current()
+        tok, pool = wrapper.current(), self.pool_route(wrapper, text, key)
+        if pool is None:  # in process (routed once: a pool ready meanwhile is not waited for)
+            return self._encode_with(tok, tok, text, options, key)
         self._count(key, True)
         ids = await _list_of_async(pool, text, key, options.add_special_tokens)
         return self._finish(tok, ids, options)

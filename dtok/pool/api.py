@@ -43,9 +43,9 @@ from dtok.pool.channel import Channel, payload_bytes
 from dtok.pool.scheduler import Estimator, Queues
 from dtok.pool.session_table import PoolSession, SessionTable
 from dtok.pool.zygote_client import Resources, ZygoteClient
-from dtok.repair import Anchors, Outcome, PlanKnobs, next_anchors, plan_text
-from dtok.sessions import LOOKUP_MIN_CHARS, ContentIndex
-from dtok.tokenizer import Tokenizer, chunk_count, chunk_cuts
+from dtok.repair import Anchors, Outcome, next_anchors
+from dtok.sessions import LOOKUP_MIN_CHARS, ContentIndex, replaces
+from dtok.tokenizer import KNOBS, Tokenizer, chunk_count, chunk_cuts, positive_int
 from dtok_ext.align import common_prefix
 from dtok_ext.buffers import IdBuffer
 from dtok_ext.shm import utf8_length
@@ -137,11 +137,6 @@ def _tokenizer_bytes(tok: Tokenizer) -> bytes:
     return tok.tokenizer_json()
 
 
-def _positive_int(label: str, value) -> None:
-    if type(value) is not int or value < 1:
-        raise ValueError(f"{label} must be a positive int, got {value!r}")
-
-
 class Pool:
     """Worker processes that encode for this process, exactly as the reference would.
 
@@ -155,11 +150,12 @@ class Pool:
 
     def __init__(self, tokenizer_or_path: Tokenizer | str | os.PathLike | None = None, *,
                  workers: int | None = None, order: str = "sjf",
-                 chunk_threshold: int = 131072, chunk_target: int = 65536, max_chunks: int = 16,
+                 chunk_threshold: int = KNOBS["chunk_threshold"],
+                 chunk_target: int = KNOBS["chunk_target"], max_chunks: int = KNOBS["max_chunks"],
                  aging: float = AGING, request_timeout: float = 60.0,
                  start_timeout: float = 300.0, worker_start_timeout: float = 15.0,
-                 name: str | None = None, max_sessions: int = 4096,
-                 session_bytes: int = 128 << 20, shm_bytes: int | None = None,
+                 name: str | None = None, max_sessions: int = KNOBS["max_sessions"],
+                 session_bytes: int = KNOBS["session_bytes"], shm_bytes: int | None = None,
                  spin_us: int = 200, chunks_per_worker: int = 1,
                  stateless_queue: str = "shared", worker_nice: int = 5) -> None:
         if isinstance(tokenizer_or_path, Tokenizer):
@@ -173,9 +169,10 @@ class Pool:
                              ("max_chunks", max_chunks), ("max_sessions", max_sessions),
                              ("session_bytes", session_bytes),
                              ("chunks_per_worker", chunks_per_worker)):
-            _positive_int(label, value)
-        if shm_bytes is not None:
-            _positive_int("shm_bytes", shm_bytes)
+            positive_int(label, value)
+        for label, value in (("workers", workers), ("shm_bytes", shm_bytes)):
+            if value is not None:
+                positive_int(label, value)
         if stateless_queue not in ("shared", "round_robin"):
             raise ValueError("stateless_queue must be 'shared' or 'round_robin'")
         self.n_workers = workers or max(1, len(os.sched_getaffinity(0)))
@@ -190,8 +187,6 @@ class Pool:
         self.stateless_queue = stateless_queue
         self._rr = itertools.count()
         self.estimator = Estimator(order, aging)
-        tk = self.tokenizer.knobs
-        self._plan_knobs = PlanKnobs(tk["scan_budget"][-1], tk["anchor_spacing"], tk["edit_budget"])
         a = self.tokenizer.admission
         self._prefix_ids, self._suffix_ids = a.prefix, a.suffix
         self._lock = threading.RLock()
@@ -205,6 +200,7 @@ class Pool:
         self._budget = shm.Budget(shm_bytes)
         self.sessions = SessionTable(self.prefix, self._budget, a.prefix, a.suffix,
                                      max_sessions, session_bytes)
+        tk = self.tokenizer.knobs
         self.content_lookup = tk["content_lookup"]  # unkeyed texts continue stored sessions
         self._lookup_entries = tk["lookup_entries"]
         self.index = ContentIndex()
@@ -331,6 +327,12 @@ class Pool:
             self._launch(ch)
         else:
             log.warning("dtok pool: worker slot %d keeps failing; left empty", index)
+        if not any(c.alive or c.ready_by for c in self._channels):
+            # no worker left or coming: every queued request is answered in process
+            for task in self.queues.drain():
+                self._task_dropped(task)
+                self._fail(task.req, "no live worker")
+            return
         for task in self.queues.drain(index):  # any worker can serve a session
             self._push_task(task)
         self._assign()
@@ -490,6 +492,8 @@ class Pool:
                 self._in_process(req, inline=waiter is not None)
                 return req
             self._counts["requests"] += 1
+            if found is not None and not self.sessions.holds(found):
+                found = None  # dropped since the lookup: this text starts a session of its own
             if session is not None or found is not None or (req.keys and pieces is None):
                 # a keyed session, the stored text content lookup found, or a short unkeyed
                 # text a new session keeps for content lookup
@@ -544,7 +548,7 @@ class Pool:
         self._counts["lookups"] += 1
         found, req.keys = self.index.find(req.text)
         if (found is not None and found.text is not None and found.inflight is None
-                and not found.queue and 2 * common_prefix(found.text, req.text) >= len(found.text)):
+                and not found.queue and replaces(common_prefix(found.text, req.text), len(found.text))):
             self._counts["lookup_hits"] += 1
             return found
         return None
@@ -609,8 +613,7 @@ class Pool:
             return
 
     def _plan(self, old: str | None, anchors, text: str):
-        return plan_text(self.tokenizer.rules, old, anchors, text, self._plan_knobs,
-                         self.tokenizer.bodies.chunk_cuts)
+        return self.tokenizer.sessions.plan(old, anchors, text)
 
     def _session_task(self, meta: PoolSession, req: Request, plan) -> Task:
         table, joined = P.plan_table(plan)
@@ -711,7 +714,10 @@ class Pool:
         resolved, counts = ch.report()
         outcome = Outcome(c.keep - len(self._prefix_ids), [], resolved, counts)
         anchors = next_anchors(task.plan, outcome, meta.anchors or Anchors(),
-                               self.tokenizer.rules.context, self._plan_knobs.spacing)
+                               self.tokenizer.rules.context,
+                               self.tokenizer.sessions.plan_knobs.spacing)
+        if meta.known_by != ch.index:  # re-homed (a worker died): the last one may unmap it
+            self._unmap_on(meta, meta.known_by)
         self.sessions.accept(meta, task.seg_gen, task.capacity, req.text, c.n_ids, anchors,
                              ch.index)
         if meta.content:
@@ -765,9 +771,14 @@ class Pool:
     def _drop_session(self, meta: PoolSession) -> None:
         if meta.content:
             self.index.remove(meta)
-        if meta.known_by is not None and self._channels[meta.known_by].alive:
-            self._channels[meta.known_by].drops.append(meta.sid)
+        self._unmap_on(meta, meta.known_by)
         self.sessions.drop(meta)
+
+    def _unmap_on(self, meta: PoolSession, index: int | None) -> None:
+        """The worker ``index`` may forget its mapping of the session's segment (told with its
+        next task): the session was dropped, or moved to another worker."""
+        if index is not None and self._channels[index].alive:
+            self._channels[index].drops.append(meta.sid)
 
     def _make_room(self) -> None:
         """Shared memory ran out: drop the least recently used idle session."""
@@ -804,7 +815,8 @@ class Pool:
             try:
                 self._resolve(req, self._encode_here(req.text, req.special))
             except BaseException as exc:  # noqa: BLE001 - the reference's own error
-                req.future.set_exception(exc)
+                if not req.future.done():
+                    req.future.set_exception(exc)
             finally:
                 if meta is not None:
                     with self._lock:
@@ -829,8 +841,10 @@ class Pool:
             try:
                 self._resolve(req, self._encode_here(req.text, req.special))
             except BaseException as exc:  # noqa: BLE001
-                req.future.set_exception(exc)
-            self._finish_lists()
+                if not req.future.done():
+                    req.future.set_exception(exc)
+            finally:
+                self._finish_lists()
 
         if inline:
             run()

@@ -13,13 +13,13 @@ from array import array
 
 from dtok.pool import protocol as P
 from dtok.pool import shm
-from dtok_ext.shm import Control, read_ids, str_nbytes, write_str
+from dtok_ext.shm import CONTROL_SIZE, Control, read_ids, str_nbytes, write_str
 
 
 class Channel:
     def __init__(self, prefix: str, index: int, budget: shm.Budget) -> None:
         self.prefix, self.index, self.budget = prefix, index, budget
-        self.ctl = shm.Segment(P.control_name(prefix, index), 4096, True, budget)
+        self.ctl = shm.Segment(P.control_name(prefix, index), CONTROL_SIZE, True, budget)
         self.control = Control(self.ctl.map)
         self.control.clear()
         self.req_sem = shm.semaphore(P.request_sem_name(prefix, index), create=True)
@@ -44,7 +44,8 @@ class Channel:
     def _grow(self, which: str, need: int) -> None:
         """A bigger payload or result segment (a new name: the worker maps it by generation)."""
         old = getattr(self, which)
-        size = max(need, 2 * (old.size if old else 0), P.PAYLOAD_MIN)
+        least = P.PAYLOAD_MIN if which == "payload" else P.RESULT_MIN
+        size = max(need, 2 * (old.size if old else 0), least)
         gen = getattr(self, f"{which}_gen") + 1
         name = (P.payload_name if which == "payload" else P.result_name)(self.prefix, self.index, gen)
         seg = shm.Segment(name, size, True, self.budget)  # ShmFull: the old one stays
@@ -123,12 +124,15 @@ class Channel:
         self.task = None
         self.drops = []
         self.alive = False
+        self.pid = 0  # until the zygote reports the new one: no signal reaches a stale pid
 
     def close(self) -> None:
         for seg in (self.payload, self.result, self.ctl):
             if seg is not None:
                 seg.close()
         self.control.release()
+        # the semaphores are closed when the channel is collected: a caller may still be
+        # waiting on one (briefly) while the pool closes
 
 
 def payload_bytes(task, n_drops: int) -> int:

@@ -19,6 +19,11 @@ from dtok_ext.buffers import IdList
 from dtok_ext.shm import MappedIds, write_ids
 
 
+def _with_room(n: int) -> int:
+    """A segment's capacity (ints) for n IDs: room for appends before a new segment."""
+    return n + max(4096, n >> 3)
+
+
 class PoolSession:
     __slots__ = ("key", "sid", "text", "anchors", "n_body", "gen", "seg", "ids", "capacity",
                  "queue", "inflight", "nbytes", "lists", "known_by", "content", "end_key",
@@ -74,6 +79,10 @@ class SessionTable:
             self._next_sid += 1
         return meta
 
+    def holds(self, meta: PoolSession) -> bool:
+        """Whether ``meta`` is still in the table (not dropped since it was looked up)."""
+        return self._by_key.get(meta.key) is meta
+
     def new_content(self) -> PoolSession:
         """A session for an unkeyed text that content lookup did not place."""
         meta = self.get(("dtok-content", self._next_sid))
@@ -95,7 +104,7 @@ class SessionTable:
         if (old and plan.kind != "encode" and plan.in_place and bound <= meta.capacity
                 and (meta.ids is None or meta.ids.exports == 0)):
             return old, old, meta.capacity
-        capacity = bound + max(4096, bound >> 3)  # room for appends before a new segment
+        capacity = _with_room(bound)
         gen = meta.gen + 1
         while (meta.sid, gen) in self._pending:
             gen += 1
@@ -124,8 +133,7 @@ class SessionTable:
         """A stateless result (body IDs in ``parts``) becomes a session's state: written into a
         new segment, as a worker would have. False when shared memory cannot be had."""
         n_body = sum(len(p) for p in parts)
-        capacity = self.n_prefix + n_body + self.n_suffix
-        capacity += max(4096, capacity >> 3)
+        capacity = _with_room(self.n_prefix + n_body + self.n_suffix)
         gen = meta.gen + 1
         try:
             seg = shm.Segment(P.session_name(self.prefix, meta.sid, gen), 4 * capacity, True,

@@ -15,6 +15,8 @@ import os
 import signal
 import time
 
+from posix_ipc import BusyError
+
 from dtok.pool import protocol as P
 from dtok.pool.shm import Segment, semaphore
 from dtok.repair import PlanFailed, execute
@@ -87,7 +89,7 @@ class Worker:
 
     # --- the loop -------------------------------------------------------------------------
 
-    def run(self, spin_us: int = 0) -> None:
+    def run(self, spin_us: int) -> None:
         """Serve requests until OP_EXIT.
 
         After an answer the worker polls its control block for up to ``spin_us`` before sleeping
@@ -106,9 +108,7 @@ class Worker:
         while True:
             seq = c.req_seq
             if seq == last and back_to_back and spin:
-                deadline = time.perf_counter() + spin
-                while seq == last and time.perf_counter() < deadline:
-                    seq = c.req_seq
+                seq = self._poll(last, spin)
             if seq == last:
                 self.req_sem.acquire()
                 continue
@@ -132,11 +132,36 @@ class Worker:
             c.tasks_done = c.tasks_done + 1
             wake_caller = c.flags & P.FL_WAKE_CALLER
             c.answered_at = time.monotonic()
+            self._drain_wakeups()
             c.publish_response(seq)
             (self.resp_sem if wake_caller else self.done_sem).release()
             idle_since = time.perf_counter()
             if op == P.OP_EXIT:
                 return
+
+    def _poll(self, last: int, seconds: float) -> int:
+        """The request number, polled until it differs from ``last`` or ``seconds`` pass.
+
+        Each round yields the CPU: the worker often shares a CPU with the front end (a woken
+        process is placed beside its waker), and polling there would keep the front end from
+        sending the very task it waits for, or from taking the answer."""
+        c = self.control
+        deadline = time.perf_counter() + seconds
+        seq = c.req_seq
+        while seq == last and time.perf_counter() < deadline:
+            os.sched_yield()
+            seq = c.req_seq
+        return seq
+
+    def _drain_wakeups(self) -> None:
+        """Take the wake-up a task picked up by polling left behind (its own post): it would
+        wake the worker later only to poll for nothing. The request number, read again before
+        sleeping, says whether a task is waiting."""
+        try:
+            while True:
+                self.req_sem.acquire(0)
+        except BusyError:
+            pass
 
     def _drops(self) -> None:
         n = self.control.n_drops
@@ -200,7 +225,7 @@ class Worker:
         return P.ST_OK
 
 
-def main(tok, prefix: str, index: int, title: str, spin_us: int = 0, nice: int = 0) -> None:
+def main(tok, prefix: str, index: int, title: str, spin_us: int, nice: int) -> None:
     """Entry point in a freshly forked worker process."""
     _die_with_parent()
     if nice:  # below the front end: its event loop gets a core first

@@ -192,7 +192,7 @@ def _become_worker(tok, index: int, config: dict, hang: bool = False) -> None:
         from dtok.pool import worker
 
         worker.main(tok, config["prefix"], index, f"dtok-pool[{config['name']}] worker {index}",
-                    config.get("spin_us", 0), config.get("worker_nice", 0))
+                    config["spin_us"], config["worker_nice"])
     except BaseException:  # noqa: BLE001 - a worker must never return into the zygote's loop
         import traceback
 

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from dtok.encoders import FASTOKENS_CACHE_VARS
 from dtok.pool import protocol as P
 from dtok.pool import shm
 
@@ -78,6 +79,10 @@ class Resources:
             except Exception:  # noqa: BLE001
                 z.kill()
                 z.wait()
+        if z is not None:
+            for pipe in (z.stdin, z.stdout):
+                if pipe is not None:
+                    pipe.close()
         shm.unlink_prefix(self.prefix)
         if self.lock_fd is not None:
             os.close(self.lock_fd)
@@ -92,8 +97,8 @@ class ZygoteClient:
         config = {**config, "tokenizer_bytes": len(tokenizer_json),
                   "done_sem": P.done_sem_name(res.prefix)}
         env = {**os.environ, **ZYGOTE_ENV}
-        env.pop("FASTOKENS_INPUT_CACHE", None)
-        env.pop("FASTOKENS_SEGMENT_CACHE", None)
+        for var in FASTOKENS_CACHE_VARS:
+            env.pop(var, None)
         z = subprocess.Popen([sys.executable, "-c", _ZYGOTE_MAIN, _PACKAGE_ROOT],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                              close_fds=True, bufsize=0)
