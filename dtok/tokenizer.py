@@ -270,8 +270,8 @@ class Tokenizer:
         """IDs of ``text``, exactly as ``reference.encode(text, add_special_tokens=...).ids``.
 
         With ``session=key``, the text and IDs are kept: when the next text for the key extends
-        the stored one, only a short tail is re-encoded. Without a key, texts of 4096 characters
-        bytes or more are looked up by content (knob ``content_lookup``).
+        the stored one, only a short tail is re-encoded. Without a key, texts of ``LOOKUP_MIN_CHARS``
+        (4096) characters or more are looked up by content (knob ``content_lookup``).
 
         >>> tok = Tokenizer.default()
         >>> list(tok.encode("<|im_start|>user\\nhi<|im_end|>"))

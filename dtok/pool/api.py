@@ -469,7 +469,7 @@ class Pool:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # --- routing (caller holds the lock) ----------------------------------------------------
+    # --- routing (under the pool's lock; _submit takes it itself, around the planning) ------
 
     def _submit(self, text, session, special, want_list, waiter) -> Request:
         if self._closed:

@@ -14,7 +14,7 @@ the guard tables: so a tokenizer built from bytes can be pooled too.
 
 Control plane (not the hot path): JSON lines. The front end sends the configuration, then
 ``{"cmd": "fork", "index": i}`` (also to replace a dead worker) and ``{"cmd": "exit"}``; the
-zygote answers ``loaded``, ``started``, ``dead`` events, and wakes the front end's dispatcher on a
+zygote answers ``loaded``, ``started``, ``dead`` and ``error`` events, and wakes the front end's dispatcher on a
 death. When its stdin closes or its stdout breaks (the front end exited or crashed, even while
 the zygote was still loading) it kills the workers and unlinks every name of the pool.
 """
