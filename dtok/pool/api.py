@@ -292,10 +292,13 @@ class Pool:
             if ch.pid and ch.control.ready and ch.control.pid == ch.pid:
                 ch.alive, ch.ready_by = True, 0.0
                 self._ready.notify_all()
-            elif now > ch.ready_by and ch.pid:
+            elif now > ch.ready_by:
                 log.warning("dtok pool: worker %d (pid %d) did not come up in %.0f s; killed",
                             ch.index, ch.pid, self.worker_start_timeout)
                 ch.ready_by = 0.0
+                if not ch.pid:  # never forked, as far as the zygote said: replace it now
+                    self._on_death(ch.index)
+                    continue
                 try:
                     os.kill(ch.pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -835,7 +838,8 @@ class Pool:
     def _in_process(self, req: Request, inline: bool) -> None:
         """No worker for this request: encode it here — inline for a synchronous caller, on a
         worker thread otherwise (an event loop must never wait behind an encode)."""
-        self._counts["in_process"] += 1
+        with self._lock:  # reentrant: some callers hold it already
+            self._counts["in_process"] += 1
 
         def run():
             try:
