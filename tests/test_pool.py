@@ -229,16 +229,21 @@ def test_stale_segments_are_swept_at_start():
     dead_pid = int(open("/proc/sys/kernel/pid_max").read()) + 1  # never a live process
     crashed, legacy_new, legacy_old = (f"dtok-{dead_pid}-{tag}" for tag in ("dead0001", "dead0002",
                                                                              "dead0003"))
+    tok = load_tokenizer("llama3")
     for prefix in (crashed, legacy_new, legacy_old):
+        shm.unlink_prefix(prefix)  # what an interrupted run of this test may have left
         shm.Segment(f"{prefix}-w0-ctl", 4096, create=True).close()
-    os.close(shm.hold_owner_lock(crashed, create=True))  # the lock file, its holder gone
-    hour_ago = time.time() - 2 * shm.LEGACY_AGE_S
-    os.utime(f"/dev/shm/{legacy_old}-w0-ctl", (hour_ago, hour_ago))
-    with Pool(load_tokenizer("llama3"), workers=1, name="sweep"):
-        names = set(os.listdir("/dev/shm"))
-        assert not any(n.startswith((crashed, legacy_old)) for n in names)
-        assert f"{legacy_new}-w0-ctl" in names
-    shm.unlink_prefix(legacy_new)
+    try:
+        os.close(shm.hold_owner_lock(crashed, create=True))  # the lock file, its holder gone
+        hour_ago = time.time() - 2 * shm.LEGACY_AGE_S
+        os.utime(f"/dev/shm/{legacy_old}-w0-ctl", (hour_ago, hour_ago))
+        with Pool(tok, workers=1, name="sweep"):
+            names = set(os.listdir("/dev/shm"))
+            assert not any(n.startswith((crashed, legacy_old)) for n in names)
+            assert f"{legacy_new}-w0-ctl" in names
+    finally:
+        for prefix in (crashed, legacy_new, legacy_old):
+            shm.unlink_prefix(prefix)
 
 
 def test_sweep_never_unlinks_a_live_pool_in_another_pid_namespace():
