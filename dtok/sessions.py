@@ -32,7 +32,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Protocol
 
-from dtok.repair import Anchors, Plan, PlanKnobs, execute, next_anchors, plan_text
+from dtok.repair import Anchors, Outcome, Plan, PlanKnobs, execute, next_anchors, plan_text
 from dtok_ext.align import fingerprints
 from dtok_ext.buffers import IdBuffer, IdList
 
@@ -63,6 +63,20 @@ def replaces(reused: int, stored: int) -> bool:
     continues it (and replaces it); one that shares less is a fork (another conversation with
     the same start) and is kept beside it."""
     return 2 * reused >= stored
+
+
+def kept_list(lists: dict, special: bool, view: memoryview, keep: int, n_prefix: int) -> list:
+    """The list kept in ``lists`` for ``special`` (add_special_tokens), brought to ``view`` in
+    O(changed IDs): ``keep`` leading IDs (post-processor prefix included) are unchanged since its
+    last update (:class:`~dtok_ext.buffers.IdList`). Releases the view. Sessions and the pool's
+    sessions keep their lists this way."""
+    lst = lists.get(special)
+    if lst is None:
+        lst = lists[special] = IdList()
+    try:
+        return lst.update(view, keep if special else max(0, keep - n_prefix))
+    finally:
+        view.release()
 
 
 def _headroom(n: int) -> int:
@@ -351,13 +365,18 @@ class SessionStore:
         return plan_text(self._bodies.rules, old, anchors, text, self.plan_knobs,
                          self._bodies.chunk_cuts)
 
+    def anchors_after(self, plan: Plan, outcome: Outcome, old: Anchors | None) -> Anchors:
+        """The anchors of the text a plan produced (``old``: the stored text's), under this
+        store's knobs: what its sessions and a pool's keep."""
+        return next_anchors(plan, outcome, old or Anchors(), self._bodies.rules.context,
+                            self.plan_knobs.spacing)
+
     def _apply(self, entry: Entry, plan: Plan, text: str, in_place: bool = True) -> None:
         b = self._bodies
         p, s = len(b.prefix), len(b.suffix)
         old_body = entry.buf.view(p, len(entry.buf) - s) if entry.buf is not None else None
         outcome = execute(plan, b.encode_texts, old_body)
-        anchors = next_anchors(plan, outcome, entry.anchors or Anchors(), b.rules.context,
-                               self.plan_knobs.spacing)
+        anchors = self.anchors_after(plan, outcome, entry.anchors)
         total = p + outcome.n_body + s
         if entry.buf is None or plan.kind == "encode":
             buf = IdBuffer.concat(outcome.tail, b.prefix, b.suffix, _headroom(total // 3))
@@ -376,14 +395,7 @@ class SessionStore:
         view = self._view(entry.buf, special)
         if not as_list:
             return view
-        lst = entry.lists.get(special)
-        if lst is None:
-            lst = entry.lists[special] = IdList()
-        keep = entry.unchanged if special else max(0, entry.unchanged - len(self._bodies.prefix))
-        try:
-            return lst.update(view, keep)
-        finally:
-            view.release()
+        return kept_list(entry.lists, special, view, entry.unchanged, len(self._bodies.prefix))
 
     def _view(self, buf: IdBuffer, add_special_tokens: bool) -> memoryview:
         if add_special_tokens:

@@ -43,7 +43,7 @@ from dtok.pool.channel import Channel, payload_bytes
 from dtok.pool.scheduler import Estimator, Queues
 from dtok.pool.session_table import PoolSession, SessionTable
 from dtok.pool.zygote_client import Resources, ZygoteClient
-from dtok.repair import Anchors, Outcome, next_anchors
+from dtok.repair import Anchors, Outcome
 from dtok.sessions import LOOKUP_MIN_CHARS, ContentIndex, replaces
 from dtok.tokenizer import KNOBS, Tokenizer, chunk_count, chunk_cuts, positive_int
 from dtok_ext.align import common_prefix
@@ -716,9 +716,7 @@ class Pool:
             return
         resolved, counts = ch.report()
         outcome = Outcome(c.keep - len(self._prefix_ids), [], resolved, counts)
-        anchors = next_anchors(task.plan, outcome, meta.anchors or Anchors(),
-                               self.tokenizer.rules.context,
-                               self.tokenizer.sessions.plan_knobs.spacing)
+        anchors = self.tokenizer.sessions.anchors_after(task.plan, outcome, meta.anchors)
         if meta.known_by != ch.index:  # re-homed (a worker died): the last one may unmap it
             self._unmap_on(meta, meta.known_by)
         self.sessions.accept(meta, task.seg_gen, task.capacity, req.text, c.n_ids, anchors,

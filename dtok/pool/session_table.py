@@ -15,6 +15,7 @@ from typing import Hashable
 from dtok.pool import protocol as P
 from dtok.pool import shm
 from dtok.repair import Anchors, Plan
+from dtok.sessions import kept_list
 from dtok_ext.buffers import IdList
 from dtok_ext.shm import MappedIds, write_ids
 
@@ -160,15 +161,7 @@ class SessionTable:
     def as_list(self, meta: PoolSession, special: bool, keep: int) -> list:
         """The session's IDs as a list, updated in O(changed) (``keep``: leading IDs, prefix
         included, unchanged since the last update)."""
-        lst = meta.lists.get(special)
-        if lst is None:
-            lst = meta.lists[special] = IdList()
-            keep = 0
-        view = self.view(meta, special)
-        try:
-            out = lst.update(view, keep if special else max(0, keep - self.n_prefix))
-        finally:
-            view.release()
+        out = kept_list(meta.lists, special, self.view(meta, special), keep, self.n_prefix)
         self._account(meta)
         return out
 
