@@ -65,6 +65,12 @@ def replaces(reused: int, stored: int) -> bool:
     return 2 * reused >= stored
 
 
+def affixed_view(ids, special: bool, n_prefix: int, n_suffix: int) -> memoryview:
+    """A read-only view of an ID buffer (prefix + body + suffix) with the post-processor's
+    affixes (``add_special_tokens``) or without them: the two results one buffer serves."""
+    return ids.view() if special else ids.view(n_prefix, len(ids) - n_suffix)
+
+
 def kept_list(lists: dict, special: bool, view: memoryview, keep: int, n_prefix: int) -> list:
     """The list kept in ``lists`` for ``special`` (add_special_tokens), brought to ``view`` in
     O(changed IDs): ``keep`` leading IDs (post-processor prefix included) are unchanged since its
@@ -392,15 +398,11 @@ class SessionStore:
 
     def _result(self, entry: Entry, special: bool, as_list: bool) -> memoryview | list:
         """The entry's IDs for the caller: a view, or its kept list (caller holds its lock)."""
-        view = self._view(entry.buf, special)
+        b = self._bodies
+        view = affixed_view(entry.buf, special, len(b.prefix), len(b.suffix))
         if not as_list:
             return view
         return kept_list(entry.lists, special, view, entry.unchanged, len(self._bodies.prefix))
-
-    def _view(self, buf: IdBuffer, add_special_tokens: bool) -> memoryview:
-        if add_special_tokens:
-            return buf.view()
-        return buf.view(len(self._bodies.prefix), len(buf) - len(self._bodies.suffix))
 
     def _count(self, name: str) -> None:
         with self._lock:

@@ -14,7 +14,7 @@ from typing import Any, Hashable, Sequence
 from dtok import guards, tables
 from dtok.admission import Admission, TokenizerFiles, admit, bundled_files, read_files
 from dtok.encoders import FastEncoder, FastEncoderError, ReferenceEncoder, fastokens_version
-from dtok.sessions import LOOKUP_MIN_CHARS, SessionStore
+from dtok.sessions import LOOKUP_MIN_CHARS, SessionStore, affixed_view
 from dtok_ext.buffers import IdBuffer, ids_from_list
 from dtok_ext.cuts import CutRules
 from dtok_ext.specials import SpecialMatcher
@@ -304,9 +304,9 @@ class Tokenizer:
             return self.sessions.encode_keyed(text, session, add_special_tokens, as_list)
         if self.sessions.content_lookup and len(text) >= LOOKUP_MIN_CHARS:
             return self.sessions.encode_lookup(text, add_special_tokens, as_list)
-        buf = self._encode_buffer(text)
-        view = buf.view() if add_special_tokens else \
-            buf.view(len(self.admission.prefix), buf.length - len(self.admission.suffix))
+        a = self.admission
+        view = affixed_view(self._encode_buffer(text), add_special_tokens, len(a.prefix),
+                            len(a.suffix))
         return view.tolist() if as_list else view
 
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True

@@ -15,7 +15,7 @@ from typing import Hashable
 from dtok.pool import protocol as P
 from dtok.pool import shm
 from dtok.repair import Anchors, Plan
-from dtok.sessions import kept_list
+from dtok.sessions import affixed_view, kept_list
 from dtok_ext.buffers import IdList
 from dtok_ext.shm import MappedIds, write_ids
 
@@ -154,9 +154,7 @@ class SessionTable:
             seg.unlink()
 
     def view(self, meta: PoolSession, special: bool) -> memoryview:
-        if special:
-            return meta.ids.view()
-        return meta.ids.view(self.n_prefix, meta.ids.length - self.n_suffix)
+        return affixed_view(meta.ids, special, self.n_prefix, self.n_suffix)
 
     def as_list(self, meta: PoolSession, special: bool, keep: int) -> list:
         """The session's IDs as a list, updated in O(changed) (``keep``: leading IDs, prefix
