@@ -88,10 +88,8 @@ class Channel:
             c.n_body = task.old_n_body
         c.kind = write_str(mem, off, task.text)
         c.text_chars = len(task.text)
-        self.seq += 1
         self.task = task
-        c.publish_request(self.seq)
-        self.req_sem.release()
+        self._post()
 
     def answered(self) -> bool:
         return self.task is not None and self.control.resp_seq == self.seq
@@ -113,8 +111,13 @@ class Channel:
         c.op = P.OP_EXIT
         c.n_drops = 0
         c.flags = 0
+        self._post()
+
+    def _post(self) -> None:
+        """Publish the request written in the control block, then wake the worker (in this
+        order: the request number, not the wake-up, says what is new)."""
         self.seq += 1
-        c.publish_request(self.seq)
+        self.control.publish_request(self.seq)
         self.req_sem.release()
 
     def restart(self) -> None:

@@ -51,23 +51,22 @@ class Worker:
 
     # --- segments -------------------------------------------------------------------------
 
-    def _payload(self) -> memoryview:
-        gen = self.control.payload_gen
-        if gen != self.payload_gen:
-            if self.payload is not None:
-                self.payload.close()
-            self.payload = Segment(P.payload_name(self.prefix, self.index, gen), 0, False)
-            self.payload_gen = gen
-        return self.payload.map
+    def _payload(self):
+        return self._current("payload", self.control.payload_gen, P.payload_name)
 
     def _result(self):
-        gen = self.control.result_gen
-        if gen != self.result_gen:
-            if self.result is not None:
-                self.result.close()
-            self.result = Segment(P.result_name(self.prefix, self.index, gen), 0, False)
-            self.result_gen = gen
-        return self.result.map
+        return self._current("result", self.control.result_gen, P.result_name)
+
+    def _current(self, which: str, gen: int, name_of):
+        """The mapping of this worker's payload or result segment of generation ``gen`` (the
+        front end makes a new one, under a new name, when a task needs more room)."""
+        if gen != getattr(self, f"{which}_gen"):
+            seg = getattr(self, which)
+            if seg is not None:
+                seg.close()
+            setattr(self, which, Segment(name_of(self.prefix, self.index, gen), 0, False))
+            setattr(self, f"{which}_gen", gen)
+        return getattr(self, which).map
 
     def _mapping(self, sid: int, gen: int) -> Segment:
         have = self.segments.get(sid)
