@@ -78,26 +78,10 @@ def render_turns(messages: list[dict[str, Any]], style: str) -> list[str]:
 # (transformers' apply_chat_template) does the same. So while a turn calls tools, each request
 # extends the last; the request after the next user query drops the blocks: an edit.
 
-_R1_MARKERS = {
-    "deepseek": {"user": "<｜User｜>{c}", "assistant": "<｜Assistant｜>{c}<｜end▁of▁sentence｜>",
-                 "gen": "<｜Assistant｜>", "system": "{c}\n\n",
-                 "tool": "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>{c}"
-                         "<｜tool▁output▁end｜><｜tool▁outputs▁end｜>"},
-    "llama3": {"user": "<|start_header_id|>user<|end_header_id|>\n\n{c}<|eot_id|>",
-               "assistant": "<|start_header_id|>assistant<|end_header_id|>\n\n{c}<|eot_id|>",
-               "gen": "<|start_header_id|>assistant<|end_header_id|>\n\n",
-               "system": "<|start_header_id|>system<|end_header_id|>\n\n{c}<|eot_id|>",
-               "tool": "<|start_header_id|>ipython<|end_header_id|>\n\n{c}<|eot_id|>"},
-    "qwen": {"user": "<|im_start|>user\n{c}<|im_end|>\n",
-             "assistant": "<|im_start|>assistant\n{c}<|im_end|>\n",
-             "gen": "<|im_start|>assistant\n", "system": "<|im_start|>system\n{c}<|im_end|>\n",
-             "tool": "<|im_start|>user\n<tool_response>\n{c}\n</tool_response><|im_end|>\n"},
-}
-
-
-def _calls_json(message: dict[str, Any]) -> str:
-    return "".join("\n" + json.dumps(call.get("function", call), ensure_ascii=False)
-                   for call in message.get("tool_calls") or ())
+# The generation prompt each r1 style's template ends with (the roles render as in STYLES).
+_GENERATION_PROMPT = {"deepseek": "<｜Assistant｜>",
+                      "llama3": "<|start_header_id|>assistant<|end_header_id|>\n\n",
+                      "qwen": "<|im_start|>assistant\n"}
 
 
 def render_reasoning(messages: list[dict[str, Any]], style: str) -> str:
@@ -107,16 +91,14 @@ def render_reasoning(messages: list[dict[str, Any]], style: str) -> str:
     if style == "harmony":
         return _render_harmony(messages)
     rule, _, markers = style.partition(":")
-    if rule != "r1" or markers not in _R1_MARKERS:
+    if rule != "r1" or markers not in _GENERATION_PROMPT:
         raise ValueError(f"unknown reasoning style {style!r}")
-    fmt = _R1_MARKERS[markers]
     out = []
     for m, role, content, reasoning in _kept_reasoning(messages):
-        if role == "assistant":
-            think = f"<think>\n{reasoning}\n</think>\n\n" if reasoning else ""
-            content = think + content + _calls_json(m)
-        out.append(fmt.get(role, fmt["user"]).format(c=content))
-    return "".join(out) + fmt["gen"]
+        if reasoning:
+            m = {**m, "content": f"<think>\n{reasoning}\n</think>\n\n{content}"}
+        out.append(render_message(m, markers))
+    return "".join(out) + _GENERATION_PROMPT[markers]
 
 
 def _kept_reasoning(messages: list[dict[str, Any]]):
