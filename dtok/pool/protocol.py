@@ -13,6 +13,8 @@ end_forward``, a FRESH record ``2, first_text, n_pieces``. Report (result segmen
 """
 from __future__ import annotations
 
+import os
+import select
 from array import array
 
 from dtok.repair import Fresh, Outcome, Plan, Reuse, Seam
@@ -128,3 +130,41 @@ def read_report(words) -> tuple[list[tuple[int, int]], list[int]]:
     resolved = [(w[1 + 2 * k], w[2 + 2 * k]) for k in range(n)]
     i = 1 + 2 * n
     return resolved, w[i + 1 : i + 1 + w[i]]
+
+
+# --- the control plane: JSON lines over the zygote's pipes ----------------------------------------
+
+
+class PipeReader:
+    """Lines and byte runs from a pipe, read without a buffered file object: ``select()`` on the
+    descriptor must see everything not yet taken (a buffered reader once kept a second line out
+    of sight until the start timed out). Used on both ends of the zygote's pipes."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf = b""
+
+    def fill(self, timeout: float | None = None) -> bool:
+        """Read what the pipe holds, waiting at most ``timeout`` seconds for it (None: until
+        something comes); False at end of file."""
+        if timeout is not None and not select.select([self.fd], [], [], timeout)[0]:
+            return True
+        chunk = os.read(self.fd, 1 << 20)
+        if not chunk:
+            return False
+        self.buf += chunk
+        return True
+
+    def take_line(self) -> bytes | None:
+        """The next complete line already read (without its newline), or None."""
+        if b"\n" not in self.buf:
+            return None
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line
+
+    def take(self, n: int) -> bytes | None:
+        """The next n bytes already read, or None."""
+        if len(self.buf) < n:
+            return None
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out

@@ -27,6 +27,8 @@ import signal
 import sys
 import time
 
+from dtok.pool.protocol import PipeReader
+
 
 class FrontEndGone(Exception):
     pass
@@ -47,29 +49,24 @@ def _threads() -> int:
         return 1
 
 
-class _Stdin:
-    """The front end's pipe, read unbuffered (select() must see what is left to read)."""
+class _Stdin(PipeReader):
+    """The front end's pipe (its end of file: the front end is gone)."""
 
     def __init__(self) -> None:
-        self.fd = sys.stdin.fileno()
-        self.buf = b""
+        super().__init__(sys.stdin.fileno())
 
-    def fill(self) -> None:
-        chunk = os.read(self.fd, 1 << 20)
-        if not chunk:
+    def more(self) -> None:
+        if not self.fill():
             raise FrontEndGone()
-        self.buf += chunk
 
     def line(self) -> bytes:
-        while b"\n" not in self.buf:
-            self.fill()
-        line, self.buf = self.buf.split(b"\n", 1)
+        while (line := self.take_line()) is None:
+            self.more()
         return line
 
     def exactly(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            self.fill()
-        out, self.buf = self.buf[:n], self.buf[n:]
+        while (out := self.take(n)) is None:
+            self.more()
         return out
 
 
@@ -127,8 +124,7 @@ def _serve(tok, config: dict, children: dict[int, int], done_sem, stdin: _Stdin)
     closing = False
     closing_deadline = float("inf")
     while True:
-        while b"\n" in stdin.buf:
-            line, stdin.buf = stdin.buf.split(b"\n", 1)
+        while (line := stdin.take_line()) is not None:
             msg = json.loads(line)
             if msg["cmd"] == "fork":
                 index = msg["index"]
@@ -145,9 +141,8 @@ def _serve(tok, config: dict, children: dict[int, int], done_sem, stdin: _Stdin)
             elif msg["cmd"] == "exit":
                 closing = True
                 closing_deadline = time.monotonic() + 5  # workers were sent OP_EXIT
-        ready, _, _ = select.select([stdin.fd], [], [], 0.25)
-        if ready:
-            stdin.fill()  # FrontEndGone at end of file
+        if select.select([stdin.fd], [], [], 0.25)[0]:
+            stdin.more()  # FrontEndGone at end of file
             continue
         while children:
             try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
 import sys
 import time
@@ -35,26 +34,17 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _ZYGOTE_MAIN = "import sys; sys.path.insert(0, sys.argv[1]); from dtok.pool.zygote import main; main()"
 
 
-class EventReader:
-    """JSON lines from a pipe, with a deadline per event."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self._buf = b""
+class EventReader(P.PipeReader):
+    """The zygote's events: JSON lines, with a deadline per event."""
 
     def read(self, deadline: float = float("inf")) -> dict | None:
         """The next event; None at end of file; TimeoutError past the deadline."""
-        while b"\n" not in self._buf:
+        while (line := self.take_line()) is None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("no event from the zygote before the deadline")
-            ready, _, _ = select.select([self.fd], [], [], min(left, 1.0))
-            if ready:
-                chunk = os.read(self.fd, 65536)
-                if not chunk:
-                    return None
-                self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
+            if not self.fill(min(left, 1.0)):
+                return None
         return json.loads(line)
 
 
