@@ -71,18 +71,45 @@ def affixed_view(ids, special: bool, n_prefix: int, n_suffix: int) -> memoryview
     return ids.view() if special else ids.view(n_prefix, len(ids) - n_suffix)
 
 
-def kept_list(lists: dict, special: bool, view: memoryview, keep: int, n_prefix: int) -> list:
-    """The list kept in ``lists`` for ``special`` (add_special_tokens), brought to ``view`` in
-    O(changed IDs): ``keep`` leading IDs (post-processor prefix included) are unchanged since its
-    last update (:class:`~dtok_ext.buffers.IdList`). Releases the view. Sessions and the pool's
-    sessions keep their lists this way."""
-    lst = lists.get(special)
-    if lst is None:
-        lst = lists[special] = IdList()
-    try:
-        return lst.update(view, keep if special else max(0, keep - n_prefix))
-    finally:
-        view.release()
+class KeptLists:
+    """The lists ``encode_list`` handed out for one session, one per ``add_special_tokens``
+    value, each brought up to date in O(changed IDs) (:class:`~dtok_ext.buffers.IdList`).
+
+    Every result of the session, a view too, is noted with how many leading IDs (post-processor
+    prefix included) it left unchanged: a list last brought up to date several requests ago is
+    stale from the lowest of their change points, not only from the last one's. Sessions and
+    the pool's sessions keep their lists this way."""
+
+    __slots__ = ("_lists", "_keep")
+
+    def __init__(self) -> None:
+        self._lists: dict[bool, IdList] = {}
+        self._keep: dict[bool, int] = {}  # leading IDs unchanged since each list's last update
+
+    def note(self, keep: int) -> None:
+        """A request left ``keep`` leading IDs of the session as they were."""
+        for special in self._lists:
+            self._keep[special] = min(self._keep.get(special, keep), keep)
+
+    def get(self, special: bool, view: memoryview, n_prefix: int) -> list:
+        """The list for ``special``, brought to ``view`` (after :meth:`note`). Releases the
+        view."""
+        lst = self._lists.get(special)
+        if lst is None:
+            lst = self._lists[special] = IdList()
+        keep = self._keep.pop(special, 0)
+        try:
+            return lst.update(view, keep if special else max(0, keep - n_prefix))
+        finally:
+            view.release()
+
+    def clear(self) -> None:
+        self._lists.clear()
+        self._keep.clear()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(lst.nbytes for lst in self._lists.values())
 
 
 def _headroom(n: int) -> int:
@@ -175,7 +202,7 @@ class Entry:
     evicted: bool = False
     used: int = 0  # store clock at last use (content lookup prefers the most recent)
     unchanged: int = 0  # leading IDs (prefix included) the last request left as they were
-    lists: dict = field(default_factory=dict)  # add_special_tokens -> IdList (encode_list)
+    lists: KeptLists = field(default_factory=KeptLists)  # what encode_list handed out
     end_key: tuple[int, int] | None = None  # content entries: (length, fingerprint)
     ckpt_keys: tuple[tuple[int, int], ...] = ()
 
@@ -400,9 +427,10 @@ class SessionStore:
         """The entry's IDs for the caller: a view, or its kept list (caller holds its lock)."""
         b = self._bodies
         view = affixed_view(entry.buf, special, len(b.prefix), len(b.suffix))
+        entry.lists.note(entry.unchanged)
         if not as_list:
             return view
-        return kept_list(entry.lists, special, view, entry.unchanged, len(self._bodies.prefix))
+        return entry.lists.get(special, view, len(b.prefix))
 
     def _count(self, name: str) -> None:
         with self._lock:
@@ -443,7 +471,7 @@ class SessionStore:
             return
         size = (sys.getsizeof(entry.text) + (entry.buf.nbytes if entry.buf is not None else 0)
                 + (entry.anchors.nbytes if entry.anchors is not None else 0)
-                + sum(lst.nbytes for lst in entry.lists.values()))
+                + entry.lists.nbytes)
         self._bytes += size - entry.nbytes
         entry.nbytes = size
         self._touch(entry)

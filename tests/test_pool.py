@@ -336,3 +336,15 @@ def test_task_heap_matches_heapq():
             heapq.heappush(ref, (key, step, f"t{step}"))
             h.push(key, step, f"t{step}")
         assert len(h) == len(ref)
+
+
+def test_pool_lists_stay_exact_between_views_and_other_flavours(pools):
+    from test_sessions import _mixed_result_turns
+
+    pool = pools("qwen3")
+    text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:20_000]
+    turns = _mixed_result_turns(text, random.Random(4))
+    got = [pool.encode_list(t, session="mixed", add_special_tokens=sp) if as_list
+           else list(pool.encode(t, session="mixed", add_special_tokens=sp))
+           for t, sp, as_list in turns]
+    assert got == [ref_ids(pool.tokenizer, t, sp) for t, sp, _ in turns]

@@ -737,7 +737,7 @@ class Pool:
         if req.want_list:
             self._resolve(req, self.sessions.as_list(meta, req.special, keep))
         else:
-            self._resolve(req, self.sessions.view(meta, req.special))
+            self._resolve(req, self.sessions.view(meta, req.special, keep))
 
     def _resolve(self, req: Request, value) -> None:
         if self.trace is not None:
