@@ -21,9 +21,17 @@ the text, so a request that matches nothing stored costs microseconds. The choic
 guess: the continuation then compares the texts themselves (the common prefix, the reused
 stretches) before anything is reused, so a fingerprint collision can waste work, never change
 IDs.
+
+*Scopes* keep tenants apart (``scope=``: e.g. a serving engine's ``cache_salt`` and model): a
+keyed session is stored under ``(scope, key)`` (:func:`scoped_key`), so the same key in two
+scopes names two sessions, and content lookup fingerprints a text with a key derived from its
+scope, so a text is only ever continued from one stored under the same scope. Without the
+latter, the time a request takes would tell its sender how much of another tenant's stored
+text it shares.
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import sys
@@ -128,6 +136,20 @@ def checkpoints(n: int) -> list[int]:
     return out
 
 
+@dataclass(frozen=True)
+class ScopedKey:
+    """A session key inside a scope: equal only to the same key in the same scope (never to a
+    plain key or tuple a caller might pass)."""
+
+    scope: Hashable
+    key: Hashable
+
+
+def scoped_key(key: Hashable, scope: Hashable | None) -> Hashable:
+    """The key a session is stored under: ``key`` itself without a scope."""
+    return key if scope is None else ScopedKey(scope, key)
+
+
 class ContentIndex:
     """Stored texts by keyed fingerprints of their prefixes (see the module docstring): which
     stored text most likely shares the longest prefix with a new one. Items are any objects with
@@ -137,15 +159,26 @@ class ContentIndex:
     def __init__(self) -> None:
         self._by_end: dict[tuple[int, int], Any] = {}
         self._by_ckpt: dict[tuple[int, int], set] = {}
-        self._key = int.from_bytes(os.urandom(8), "little")  # clients cannot aim for collisions
+        self._secret = os.urandom(16)
+        self._key = int.from_bytes(self._secret[:8], "little")  # clients cannot aim for collisions
 
-    def find(self, text: str) -> tuple[Any, tuple]:
+    def _scope_key(self, scope: Hashable | None) -> int:
+        """The fingerprint key of a scope: texts of different scopes never share a key, so
+        never match (repr: the scope's values, unambiguous for str, int, None and tuples)."""
+        if scope is None:
+            return self._key
+        h = hashlib.blake2b(repr(scope).encode("utf-8", "surrogatepass"), digest_size=8,
+                            key=self._secret)
+        return int.from_bytes(h.digest(), "little")
+
+    def find(self, text: str, scope: Hashable | None = None) -> tuple[Any, tuple]:
         """(the best stored item or None, the keys of `text` for :meth:`add`): the item whose
         end fingerprint matches (a whole prefix, the longest), else the most recently used of
-        those matching the deepest checkpoint."""
+        those matching the deepest checkpoint; only items added with this ``scope``'s keys."""
         n = len(text)
         stops = checkpoints(n)
-        fps = fingerprints(text, [*stops, n], self._key)
+        fkey = self._scope_key(scope)
+        fps = fingerprints(text, [*stops, n], fkey)
         ckpt_keys = tuple(zip(stops, fps))
         best = self._by_end.get((n, fps[-1]))  # the same text, or one equal at its end
         deepest: list = []
@@ -156,7 +189,7 @@ class ContentIndex:
             deepest = list(found)
         if best is None and deepest:
             ends = sorted({e.end_key[0] for e in deepest if e.end_key[0] < n}, reverse=True)
-            for end, fp in zip(ends, fingerprints(text, ends, self._key)):
+            for end, fp in zip(ends, fingerprints(text, ends, fkey)):
                 best = next((e for e in deepest if e.end_key == (end, fp)), None)
                 if best is not None:
                     break
@@ -301,13 +334,13 @@ class SessionStore:
                 with self._lock:
                     self._account(entry)
 
-    def encode_lookup(self, text: str, add_special_tokens: bool,
-                      as_list: bool = False) -> memoryview | list:
+    def encode_lookup(self, text: str, add_special_tokens: bool, as_list: bool = False,
+                      scope: Hashable | None = None) -> memoryview | list:
         """Content lookup for a text of at least LOOKUP_MIN_CHARS characters: continue from the
-        stored text sharing the longest prefix, which the result replaces when it reused most of
-        it."""
+        stored text of the same ``scope`` sharing the longest prefix, which the result replaces
+        when it reused most of it."""
         with self._lock:
-            found, keys = self._index.find(text)
+            found, keys = self._index.find(text, scope)
         self._count("lookups")
         entry = Entry(None)
         if found is not None:
@@ -334,7 +367,8 @@ class SessionStore:
         self._publish(entry, keys)
         return result
 
-    def explain(self, text: str, key: Hashable | None) -> dict[str, Any]:
+    def explain(self, text: str, key: Hashable | None,
+                scope: Hashable | None = None) -> dict[str, Any]:
         """What a request for ``text`` would do (with ``key``, or by content lookup), and why:
         a continuation's route, seams and reused stretches; only a ``session`` note when the text
         is encoded whole (by the stateless route, whose plan the caller explains). Changes no
@@ -347,7 +381,7 @@ class SessionStore:
             if not self.content_lookup or len(text) < LOOKUP_MIN_CHARS:
                 return {}
             with self._lock:
-                entry = self._index.find(text)[0]
+                entry = self._index.find(text, scope)[0]
             source = "content lookup"
         old = entry.text if entry is not None else None
         if old is None:

@@ -249,3 +249,38 @@ def test_lists_stay_exact_between_views_and_other_flavours(name):
     got = [tok.encode_list(t, session="c", add_special_tokens=sp) if as_list
            else list(tok.encode(t, session="c", add_special_tokens=sp)) for t, sp, as_list in turns]
     assert got == [ref_ids(tok, t, sp) for t, sp, _ in turns]
+
+
+def test_scopes_never_share_sessions_or_content():
+    """Tenants (scopes: a serving engine's cache_salt and model) never continue each other's
+    text: with the same session id in two scopes nothing is reused, in one scope it is; content
+    lookup the same. A scope whose values contain what would be a separator in a joined string
+    is still another scope."""
+    tok = load_tokenizer("qwen3").with_knobs()
+    base = read_text("prose", "gutenberg-2701_moby-dick.txt")[:30_000]
+    turns = [base + "".join(f" turn {j}." for j in range(i + 1)) for i in range(3)]
+    reused = lambda s: s["repairs"] + s["edits"] + s["hits"]  # noqa: E731
+    scopes = [("a:b", None), ("a", "b:"), ("a", "b"), None]
+    for scope in scopes:  # the first turn of the same session id in each scope: a full encode
+        assert list(tok.encode(turns[0], session="conv", scope=scope)) == ref_ids(tok, turns[0])
+    s = tok.sessions.stats()
+    assert (s["full_encodes"], reused(s), s["keyed"]) == (4, 0, 4), s
+    for scope in scopes:  # the next turn in each scope continues its own session
+        assert list(tok.encode(turns[1], session="conv", scope=scope)) == ref_ids(tok, turns[1])
+    assert tok.sessions.stats()["repairs"] == 4
+    # a plain key that looks like a scoped one is not the scoped session
+    assert list(tok.encode(turns[2], session=(("a", "b"), "conv"))) == ref_ids(tok, turns[2])
+    assert tok.sessions.stats()["full_encodes"] == 5
+
+    look = tok.with_knobs()
+    assert list(look.encode(turns[0], scope=("A", None))) == ref_ids(look, turns[0])
+    assert list(look.encode(turns[1], scope=("B", None))) == ref_ids(look, turns[1])
+    s = look.sessions.stats()
+    assert (s["lookups"], s["lookup_hits"], reused(s), s["full_encodes"]) == (2, 0, 0, 2), s
+    # within one scope, a salted request without a session id continues its conversation
+    assert list(look.encode(turns[1], scope=("A", None))) == ref_ids(look, turns[1])
+    assert list(look.encode(turns[2], scope=("A", None))) == ref_ids(look, turns[2])
+    s = look.sessions.stats()
+    assert (s["repairs"], s["full_encodes"]) == (2, 2), s
+    assert look.explain(turns[2] + "x", scope=("C", None)).get("route") != "session repair"
+    assert look.explain(turns[2] + "x", scope=("A", None))["route"] == "session repair"
