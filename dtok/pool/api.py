@@ -87,8 +87,7 @@ class Request:
 
 class Task:
     __slots__ = ("op", "kind", "req", "text", "weight", "index", "seq", "key", "arrival",
-                 "sent_at", "plan", "table", "meta", "seg_gen", "old_seg_gen", "capacity",
-                 "old_n_body")
+                 "sent_at", "plan", "table", "meta", "target", "old_n_body")
 
     def __init__(self, op, kind, req, text, weight, index=0):
         self.op, self.kind, self.req, self.text, self.weight, self.index = (
@@ -97,8 +96,8 @@ class Task:
         self.key = 0.0
         self.arrival = None  # ms since the pool started, set when first queued
         self.sent_at = 0.0
-        self.plan = self.table = self.meta = None
-        self.seg_gen = self.old_seg_gen = self.capacity = self.old_n_body = 0
+        self.plan = self.table = self.meta = self.target = None
+        self.old_n_body = 0
 
 
 def _key_bytes(key: Hashable) -> bytes:
@@ -415,6 +414,7 @@ class Pool:
                    "order": self.estimator.order, "aging": self.estimator.aging,
                    "workers": workers, "queued_shared": shared,
                    "sessions": len(self.sessions), "session_bytes": self.sessions.bytes_used,
+                   "session_segments_made": self.sessions.segments_made,
                    "shm_bytes": self._budget.used, "shm_limit": self._budget.limit,
                    **self._counts, "per_char_ms": dict(self.estimator.b)}
         for w in out["workers"]:
@@ -627,10 +627,10 @@ class Pool:
                     self.estimator.weight(joined))
         task.plan, task.table, task.meta, task.old_n_body = plan, table, meta, old_n
         try:
-            task.seg_gen, task.old_seg_gen, task.capacity = self.sessions.target(meta, plan, bound)
+            task.target = self.sessions.target(meta, plan, bound)
         except shm.ShmFull:
             self._make_room()
-            task.seg_gen, task.old_seg_gen, task.capacity = self.sessions.target(meta, plan, bound)
+            task.target = self.sessions.target(meta, plan, bound)
         return task
 
     # --- dispatch (caller holds the lock) ---------------------------------------------------
@@ -719,8 +719,8 @@ class Pool:
         anchors = self.tokenizer.sessions.anchors_after(task.plan, outcome, meta.anchors)
         if meta.known_by != ch.index:  # re-homed (a worker died): the last one may unmap it
             self._unmap_on(meta, meta.known_by)
-        self.sessions.accept(meta, task.seg_gen, task.capacity, req.text, c.n_ids, anchors,
-                             ch.index)
+        self.sessions.accept(meta, task.target.gen, task.target.capacity, req.text, c.n_ids,
+                             anchors, ch.index, c.keep)
         if meta.content:
             self.index.remove(meta)
             self.index.add(meta, req.keys)
@@ -766,8 +766,9 @@ class Pool:
 
     def _task_dropped(self, task: Task) -> None:
         """A task that will not complete: release a segment created for it."""
-        if task.meta is not None and task.seg_gen != task.old_seg_gen:
-            self.sessions.drop_pending(task.meta, task.seg_gen)
+        t = task.target
+        if t is not None and t.gen != t.old_gen:
+            self.sessions.drop_pending(task.meta, t.gen)
 
     def _drop_session(self, meta: PoolSession) -> None:
         if meta.content:
