@@ -377,3 +377,18 @@ def test_copy_on_write_reuses_the_spare_and_never_changes_a_held_view(pools, see
     # without the spare, every turn with a view held made a segment; now only the first ones,
     # those with an older view (a snapshot) still alive and those that outgrew the capacity
     assert pool.stats()["session_segments_made"] - made <= held_turns // 2
+
+
+def test_pool_knobs_left_unset_are_the_tokenizers():
+    """``Pool(tok)`` chunks, bounds and keeps sessions by ``tok``'s knobs; a knob passed to the
+    pool wins."""
+    tok = load_tokenizer("qwen3").with_knobs(chunk_threshold=50_000, chunk_target=20_000,
+                                              max_chunks=3, max_sessions=7, session_bytes=1 << 20)
+    with Pool(tok, workers=2, name="knobs") as pool:
+        assert (pool.chunk_threshold, pool.chunk_target, pool.max_chunks) == (50_000, 20_000, 3)
+        assert (pool.sessions.max_sessions, pool.sessions.session_bytes) == (7, 1 << 20)
+        text = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:60_000]
+        assert list(pool.encode(text)) == ref_ids(tok, text)
+        assert pool.stats()["chunked"] == 1  # 60,000 >= 50,000 (the global default: 131,072)
+    with Pool(tok, workers=1, name="knobs2", chunk_threshold=70_000) as pool:
+        assert (pool.chunk_threshold, pool.chunk_target) == (70_000, 20_000)

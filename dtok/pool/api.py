@@ -45,7 +45,7 @@ from dtok.pool.session_table import PoolSession, SessionTable
 from dtok.pool.zygote_client import Resources, ZygoteClient
 from dtok.repair import Anchors, Outcome
 from dtok.sessions import LOOKUP_MIN_CHARS, ContentIndex, replaces
-from dtok.tokenizer import KNOBS, Tokenizer, chunk_count, chunk_cuts, positive_int
+from dtok.tokenizer import Tokenizer, chunk_count, chunk_cuts, positive_int
 from dtok_ext.align import common_prefix
 from dtok_ext.buffers import IdBuffer
 from dtok_ext.shm import utf8_length
@@ -149,13 +149,12 @@ class Pool:
 
     def __init__(self, tokenizer_or_path: Tokenizer | str | os.PathLike | None = None, *,
                  workers: int | None = None, order: str = "sjf",
-                 chunk_threshold: int = KNOBS["chunk_threshold"],
-                 chunk_target: int = KNOBS["chunk_target"], max_chunks: int = KNOBS["max_chunks"],
-                 aging: float = AGING, request_timeout: float = 60.0,
-                 start_timeout: float = 300.0, worker_start_timeout: float = 15.0,
-                 name: str | None = None, max_sessions: int = KNOBS["max_sessions"],
-                 session_bytes: int = KNOBS["session_bytes"], shm_bytes: int | None = None,
-                 spin_us: int = 200, chunks_per_worker: int = 1,
+                 chunk_threshold: int | None = None, chunk_target: int | None = None,
+                 max_chunks: int | None = None, aging: float = AGING,
+                 request_timeout: float = 60.0, start_timeout: float = 300.0,
+                 worker_start_timeout: float = 15.0, name: str | None = None,
+                 max_sessions: int | None = None, session_bytes: int | None = None,
+                 shm_bytes: int | None = None, spin_us: int = 200, chunks_per_worker: int = 1,
                  stateless_queue: str = "shared", worker_nice: int = 5) -> None:
         if isinstance(tokenizer_or_path, Tokenizer):
             self.tokenizer = tokenizer_or_path
@@ -164,6 +163,14 @@ class Pool:
             self.tokenizer = (Tokenizer.default(encoder="reference") if tokenizer_or_path is None
                               else Tokenizer.from_file(tokenizer_or_path, encoder="reference"))
             worker_knobs = {"encoder": "auto"}
+        # A knob left unset is the tokenizer's (one rule: the tokenizer's knobs, themselves
+        # validated and defaulted from KNOBS).
+        tk = self.tokenizer.knobs
+        chunk_threshold, chunk_target, max_chunks, max_sessions, session_bytes = (
+            tk[k] if v is None else v for k, v in (
+                ("chunk_threshold", chunk_threshold), ("chunk_target", chunk_target),
+                ("max_chunks", max_chunks), ("max_sessions", max_sessions),
+                ("session_bytes", session_bytes)))
         for label, value in (("chunk_threshold", chunk_threshold), ("chunk_target", chunk_target),
                              ("max_chunks", max_chunks), ("max_sessions", max_sessions),
                              ("session_bytes", session_bytes),
@@ -199,7 +206,6 @@ class Pool:
         self._budget = shm.Budget(shm_bytes)
         self.sessions = SessionTable(self.prefix, self._budget, a.prefix, a.suffix,
                                      max_sessions, session_bytes)
-        tk = self.tokenizer.knobs
         self.content_lookup = tk["content_lookup"]  # unkeyed texts continue stored sessions
         self._lookup_entries = tk["lookup_entries"]
         self.index = ContentIndex()
