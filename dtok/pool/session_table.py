@@ -142,7 +142,7 @@ class SessionTable:
             spare.ids.release()
             return Target(spare.gen, old, spare.capacity, spare.valid if old else 0)
         capacity = _with_room(bound)
-        seg = self._new_segment(meta, 4 * capacity)
+        self._new_segment(meta, 4 * capacity)
         return Target(meta.last_gen, old, capacity, 0)
 
     def _new_segment(self, meta: PoolSession, nbytes: int) -> shm.Segment:
