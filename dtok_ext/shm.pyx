@@ -45,7 +45,8 @@ ctypedef struct ControlBlock:
     uint64_t seg_capacity     # ints
     uint64_t n_body           # current body length of the session (IDs, no prefix/suffix)
     uint64_t n_drops          # session ids to forget, first in the payload
-    uint64_t reserved0[3]
+    uint64_t dst_valid        # leading ints of the target segment that already hold the current IDs
+    uint64_t reserved0[2]
     # worker -> front end
     uint64_t resp_seq         # written last (release)
     uint32_t status
@@ -140,6 +141,9 @@ cdef class Control:
     property n_drops:
         def __get__(self): return self.c.n_drops
         def __set__(self, v): self.c.n_drops = v
+    property dst_valid:
+        def __get__(self): return self.c.dst_valid
+        def __set__(self, v): self.c.dst_valid = v
     property status:
         def __get__(self): return self.c.status
         def __set__(self, v): self.c.status = v

@@ -338,6 +338,62 @@ def test_task_heap_matches_heapq():
         assert len(h) == len(ref)
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_copy_on_write_reuses_the_spare_and_never_changes_a_held_view(pools, seed):
+    """A caller holding the previous turn's view (as ``ids = pool.encode(...)`` in a loop does)
+    gets its next turn written into the session's spare segment, not a new one; appends,
+    truncations and edits mixed with turns written in place (no view held) keep the spare's
+    valid prefix right, every result equals the reference and no held view ever changes."""
+    pool = pools("qwen3")
+    tok = pool.tokenizer
+    rng = random.Random(seed)
+    src = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")
+    text = src[:20000]
+    key = f"spare-{seed}"
+    made = pool.stats()["session_segments_made"]
+    held, snapshots, held_turns = None, [], 0
+    for turn in range(40):
+        held_turns += held is not None
+        r = rng.random()
+        start = rng.randrange(0, len(src) - 2000)
+        if r < 0.5:  # an append
+            text += src[start : start + rng.randint(1, 600)]
+        elif r < 0.75:  # back to an earlier point, then something else
+            text = text[: rng.randint(len(text) // 2, len(text))] + src[start : start + 400]
+        else:  # an edit: a region in the middle removed, something appended
+            a = rng.randint(len(text) // 3, len(text) // 2)
+            text = text[:a] + text[a + rng.randint(1, 3000):] + src[start : start + 300]
+        view = pool.encode(text, session=key)
+        assert list(view) == ref_ids(tok, text), f"turn {turn}"
+        if rng.random() < 0.7:
+            held = view  # the previous view stays alive while the next turn is encoded
+            if turn % 8 == 0:
+                snapshots.append((view, list(view)))
+        else:
+            held = None
+        del view
+    for view, snapshot in snapshots:
+        assert list(view) == snapshot
+    # without the spare, every turn with a view held made a segment; now only the first ones,
+    # those with an older view (a snapshot) still alive and those that outgrew the capacity
+    assert pool.stats()["session_segments_made"] - made <= held_turns // 2
+
+
+def test_pool_knobs_left_unset_are_the_tokenizers():
+    """``Pool(tok)`` chunks, bounds and keeps sessions by ``tok``'s knobs; a knob passed to the
+    pool wins."""
+    tok = load_tokenizer("qwen3").with_knobs(chunk_threshold=50_000, chunk_target=20_000,
+                                              max_chunks=3, max_sessions=7, session_bytes=1 << 20)
+    with Pool(tok, workers=2, name="knobs") as pool:
+        assert (pool.chunk_threshold, pool.chunk_target, pool.max_chunks) == (50_000, 20_000, 3)
+        assert (pool.sessions.max_sessions, pool.sessions.session_bytes) == (7, 1 << 20)
+        text = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:60_000]
+        assert list(pool.encode(text)) == ref_ids(tok, text)
+        assert pool.stats()["chunked"] == 1  # 60,000 >= 50,000 (the global default: 131,072)
+    with Pool(tok, workers=1, name="knobs2", chunk_threshold=70_000) as pool:
+        assert (pool.chunk_threshold, pool.chunk_target) == (70_000, 20_000)
+
+
 def test_pool_lists_stay_exact_between_views_and_other_flavours(pools):
     from test_sessions import _mixed_result_turns
 

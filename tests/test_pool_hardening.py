@@ -110,13 +110,13 @@ def test_encode_async_never_encodes_on_the_event_loop_thread():
         os.kill(pool.zygote_pid, signal.SIGKILL)  # the zygote and its workers are gone
         assert wait_until(lambda: not any(w["alive"] for w in pool.stats()["workers"]), 20)
         threads = []
-        encode_here = pool._encode_here
+        encode_here = pool.in_process_route.encode
 
         def spy(text, special):
             threads.append(threading.get_ident())
             return encode_here(text, special)
 
-        pool._encode_here = spy
+        pool.in_process_route.encode = spy
         text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:50_000]
 
         async def main():

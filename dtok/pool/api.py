@@ -25,14 +25,12 @@ import asyncio
 import itertools
 import logging
 import os
-import signal
 import threading
 import time
 import weakref
 import zlib
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
+from concurrent.futures import Future
 from typing import Any, Hashable
 
 import posix_ipc
@@ -40,12 +38,15 @@ import posix_ipc
 from dtok.pool import protocol as P
 from dtok.pool import shm
 from dtok.pool.channel import Channel, payload_bytes
+from dtok.pool.failover import InProcessRoute
+from dtok.pool.records import PoolError, Request, Task, key_bytes
 from dtok.pool.scheduler import Estimator, Queues
 from dtok.pool.session_table import PoolSession, SessionTable
+from dtok.pool.supervision import Supervision, pss_mb
 from dtok.pool.zygote_client import Resources, ZygoteClient
 from dtok.repair import Anchors, Outcome
 from dtok.sessions import LOOKUP_MIN_CHARS, ContentIndex, replaces
-from dtok.tokenizer import KNOBS, Tokenizer, chunk_count, chunk_cuts, positive_int
+from dtok.tokenizer import Tokenizer, chunk_count, chunk_cuts, positive_int
 from dtok_ext.align import common_prefix
 from dtok_ext.buffers import IdBuffer
 from dtok_ext.shm import utf8_length
@@ -58,86 +59,9 @@ __all__ = ["Pool", "PoolError", "AGING"]
 #: with 1.0 (the paper's) appends behind a burst that takes seconds on a few workers waited for
 #: most of it; 0.01 kept their P99 under bursts ~40x lower on both encoders.
 AGING = 0.01
-_MAX_RESTARTS = 5  # replacements of one worker slot within a minute before it is left dead
 
 
-class PoolError(RuntimeError):
-    """The pool could not start, or was used after close()."""
-
-
-class Request:
-    __slots__ = ("future", "text", "special", "meta", "kind", "parts", "pending", "failed",
-                 "want_list", "waiter", "direct", "times", "keys", "bounds")
-
-
-    def __init__(self, text, special, kind, want_list=False, waiter=None):
-        self.future: Future = Future()
-        self.text, self.special, self.kind = text, special, kind
-        self.meta: PoolSession | None = None
-        self.parts: list | None = None
-        self.pending = 0
-        self.failed = False
-        self.want_list = want_list
-        self.waiter = waiter  # thread id of a synchronous caller that may wait directly
-        self.direct: list[tuple[Channel, Task]] = []  # tasks that caller waits on itself
-        self.times = [time.monotonic()]  # submit, sent, picked, answered, harvested
-        self.keys = None  # content lookup: the text's keys in the pool's ContentIndex
-        self.bounds: list[int] = []  # chunked: the chunks' lengths
-
-
-class Task:
-    __slots__ = ("op", "kind", "req", "text", "weight", "index", "seq", "key", "arrival",
-                 "sent_at", "plan", "table", "meta", "seg_gen", "old_seg_gen", "capacity",
-                 "old_n_body")
-
-    def __init__(self, op, kind, req, text, weight, index=0):
-        self.op, self.kind, self.req, self.text, self.weight, self.index = (
-            op, kind, req, text, weight, index)
-        self.seq = 0
-        self.key = 0.0
-        self.arrival = None  # ms since the pool started, set when first queued
-        self.sent_at = 0.0
-        self.plan = self.table = self.meta = None
-        self.seg_gen = self.old_seg_gen = self.capacity = self.old_n_body = 0
-
-
-def _key_bytes(key: Hashable) -> bytes:
-    if isinstance(key, bytes):
-        return key
-    if isinstance(key, str):
-        return key.encode("utf-8", "surrogatepass")
-    return repr(key).encode("utf-8", "surrogatepass")
-
-
-def _pss_mb(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return None
-    return None
-
-
-def _tokenizer_bytes(tok: Tokenizer) -> bytes:
-    """The tokenizer for the zygote: the file's own bytes while they are unchanged on disk (or
-    bundled), else the loaded reference serialized (``admission.sha256`` still names the file,
-    as in ``Tokenizer.with_knobs``)."""
-    import gzip
-    import hashlib
-
-    path = Path(tok.files.path)
-    try:
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-        if hashlib.sha256(raw).hexdigest() == tok.admission.sha256:
-            return raw
-    except OSError:  # not a file: a tokenizer built from bytes
-        pass
-    return tok.tokenizer_json()
-
-
-class Pool:
+class Pool(Supervision):
     """Worker processes that encode for this process, exactly as the reference would.
 
     >>> with Pool(workers=2) as pool:
@@ -150,13 +74,12 @@ class Pool:
 
     def __init__(self, tokenizer_or_path: Tokenizer | str | os.PathLike | None = None, *,
                  workers: int | None = None, order: str = "sjf",
-                 chunk_threshold: int = KNOBS["chunk_threshold"],
-                 chunk_target: int = KNOBS["chunk_target"], max_chunks: int = KNOBS["max_chunks"],
-                 aging: float = AGING, request_timeout: float = 60.0,
-                 start_timeout: float = 300.0, worker_start_timeout: float = 15.0,
-                 name: str | None = None, max_sessions: int = KNOBS["max_sessions"],
-                 session_bytes: int = KNOBS["session_bytes"], shm_bytes: int | None = None,
-                 spin_us: int = 200, chunks_per_worker: int = 1,
+                 chunk_threshold: int | None = None, chunk_target: int | None = None,
+                 max_chunks: int | None = None, aging: float = AGING,
+                 request_timeout: float = 60.0, start_timeout: float = 300.0,
+                 worker_start_timeout: float = 15.0, name: str | None = None,
+                 max_sessions: int | None = None, session_bytes: int | None = None,
+                 shm_bytes: int | None = None, spin_us: int = 200, chunks_per_worker: int = 1,
                  stateless_queue: str = "shared", worker_nice: int = 5) -> None:
         if isinstance(tokenizer_or_path, Tokenizer):
             self.tokenizer = tokenizer_or_path
@@ -165,6 +88,14 @@ class Pool:
             self.tokenizer = (Tokenizer.default(encoder="reference") if tokenizer_or_path is None
                               else Tokenizer.from_file(tokenizer_or_path, encoder="reference"))
             worker_knobs = {"encoder": "auto"}
+        # A knob left unset is the tokenizer's (one rule: the tokenizer's knobs, themselves
+        # validated and defaulted from KNOBS).
+        tk = self.tokenizer.knobs
+        chunk_threshold, chunk_target, max_chunks, max_sessions, session_bytes = (
+            tk[k] if v is None else v for k, v in (
+                ("chunk_threshold", chunk_threshold), ("chunk_target", chunk_target),
+                ("max_chunks", max_chunks), ("max_sessions", max_sessions),
+                ("session_bytes", session_bytes)))
         for label, value in (("chunk_threshold", chunk_threshold), ("chunk_target", chunk_target),
                              ("max_chunks", max_chunks), ("max_sessions", max_sessions),
                              ("session_bytes", session_bytes),
@@ -200,12 +131,10 @@ class Pool:
         self._budget = shm.Budget(shm_bytes)
         self.sessions = SessionTable(self.prefix, self._budget, a.prefix, a.suffix,
                                      max_sessions, session_bytes)
-        tk = self.tokenizer.knobs
         self.content_lookup = tk["content_lookup"]  # unkeyed texts continue stored sessions
         self._lookup_entries = tk["lookup_entries"]
         self.index = ContentIndex()
-        self._here = self.tokenizer.with_knobs(content_lookup=False)  # failover route
-        self._failover = ThreadPoolExecutor(2, thread_name_prefix="dtok-pool-failover")
+        self.in_process_route = InProcessRoute(self.tokenizer)  # failover
         self._counts = dict(requests=0, stateless=0, chunked=0, chunks=0, lookups=0,
                             lookup_hits=0, session_hits=0,
                             session_repairs=0, session_edits=0, session_inits=0,
@@ -232,113 +161,6 @@ class Pool:
         except BaseException:
             self.close()
             raise
-
-    # --- startup and worker lifecycle -------------------------------------------------------
-
-    def _start(self, worker_knobs: dict) -> None:
-        deadline = time.monotonic() + self.start_timeout
-        self._res.lock_fd = shm.hold_owner_lock(self.prefix, create=True)
-        self._done_sem = shm.semaphore(P.done_sem_name(self.prefix), create=True)
-        try:
-            self._channels = [Channel(self.prefix, i, self._budget) for i in range(self.n_workers)]
-        except shm.ShmFull as exc:
-            raise PoolError(f"no shared memory for the pool's workers: {exc}") from None
-        files = self.tokenizer.files
-        knobs = {**worker_knobs, "threads": 1, "content_lookup": False,
-                 "chunk_threshold": self.chunk_threshold, "chunk_target": self.chunk_target,
-                 "max_chunks": self.max_chunks, "scan_budget": list(self.tokenizer.knobs["scan_budget"])}
-        config = {"prefix": self.prefix, "name": self.name, "path": str(files.path),
-                  "config": files.config, "sha256": self.tokenizer.admission.sha256,
-                  "knobs": knobs, "spin_us": self.spin_us, "worker_nice": self.worker_nice,
-                  **self._test_config}
-        try:
-            self.zygote = ZygoteClient(self._res, config, _tokenizer_bytes(self.tokenizer))
-            loaded = self.zygote.wait_loaded(deadline)
-        except TimeoutError:
-            raise PoolError(f"pool did not start within start_timeout {self.start_timeout} s") \
-                from None
-        except (RuntimeError, shm.ShmFull) as exc:
-            raise PoolError(str(exc)) from None
-        self.encoder_name = loaded["encoder"]
-        self.estimator.start(self.encoder_name)
-        for ch in self._channels:
-            self._launch(ch)
-        for target, label in ((self._dispatch_loop, "dispatch"), (self._zygote_loop, "zygote")):
-            t = threading.Thread(target=target, name=f"dtok-pool-{label}", daemon=True)
-            t.start()
-            self._threads.append(t)
-        with self._ready:
-            while not all(ch.alive for ch in self._channels):
-                left = deadline - time.monotonic()
-                if left <= 0 or self._closed:
-                    raise PoolError(f"pool did not start within start_timeout "
-                                    f"{self.start_timeout} s")
-                self._ready.wait(min(left, 0.5))
-
-    def _launch(self, ch: Channel) -> None:
-        """Ask the zygote for a (new) worker in this slot (caller holds the lock or starts)."""
-        ch.restart()
-        ch.starts += 1
-        ch.ready_by = time.monotonic() + self.worker_start_timeout
-        self.zygote.fork(ch.index)
-
-    def _check_starting(self) -> None:
-        """Starting workers: ready ones go live; one not ready in time is killed (and replaced
-        when the zygote reports its death)."""
-        now = time.monotonic()
-        for ch in self._channels:
-            if ch.alive or not ch.ready_by:
-                continue
-            if ch.pid and ch.control.ready and ch.control.pid == ch.pid:
-                ch.alive, ch.ready_by = True, 0.0
-                self._ready.notify_all()
-            elif now > ch.ready_by:
-                log.warning("dtok pool: worker %d (pid %d) did not come up in %.0f s; killed",
-                            ch.index, ch.pid, self.worker_start_timeout)
-                ch.ready_by = 0.0
-                if not ch.pid:  # never forked, as far as the zygote said: replace it now
-                    self._on_death(ch.index)
-                    continue
-                try:
-                    os.kill(ch.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        self._assign()
-
-    def _on_death(self, index: int, replace: bool = True) -> None:
-        """A worker died (or was killed): fail its task over, re-home its queue, replace it."""
-        ch = self._channels[index]
-        was_alive = ch.alive
-        ch.alive, ch.ready_by = False, 0.0
-        if was_alive:
-            self._counts["worker_deaths"] += 1
-            log.warning("dtok pool: worker %d (pid %d) died", index, ch.pid)
-        if ch.task is not None:
-            task, ch.task = ch.task, None
-            self._task_dropped(task)
-            self._fail(task.req, f"worker {index} died")
-        for meta in self.sessions.values():
-            if meta.known_by == index:
-                meta.known_by = None
-        if self._closed:
-            return
-        now = time.monotonic()
-        recent = [t for t in self._restarts.get(index, []) if now - t < 60] + [now]
-        self._restarts[index] = recent
-        if replace and len(recent) <= _MAX_RESTARTS:
-            self._counts["replacements"] += 1
-            self._launch(ch)
-        else:
-            log.warning("dtok pool: worker slot %d keeps failing; left empty", index)
-        if not any(c.alive or c.ready_by for c in self._channels):
-            # no worker left or coming: every queued request is answered in process
-            for task in self.queues.drain():
-                self._task_dropped(task)
-                self._fail(task.req, "no live worker")
-            return
-        for task in self.queues.drain(index):  # any worker can serve a session
-            self._push_task(task)
-        self._assign()
 
     # --- public API -------------------------------------------------------------------------
 
@@ -415,12 +237,13 @@ class Pool:
                    "order": self.estimator.order, "aging": self.estimator.aging,
                    "workers": workers, "queued_shared": shared,
                    "sessions": len(self.sessions), "session_bytes": self.sessions.bytes_used,
+                   "session_segments_made": self.sessions.segments_made,
                    "shm_bytes": self._budget.used, "shm_limit": self._budget.limit,
                    **self._counts, "per_char_ms": dict(self.estimator.b)}
         for w in out["workers"]:
-            w["pss_mb"] = _pss_mb(w["pid"]) if w["alive"] else None
+            w["pss_mb"] = pss_mb(w["pid"]) if w["alive"] else None
         zpid = self.zygote_pid
-        out["zygote_pss_mb"] = _pss_mb(zpid) if zpid else None
+        out["zygote_pss_mb"] = pss_mb(zpid) if zpid else None
         return out
 
     @property
@@ -463,7 +286,7 @@ class Pool:
             for ch in self._channels:
                 ch.alive = False
                 ch.close()
-        self._failover.shutdown(wait=True)
+        self.in_process_route.close()
         self._finalizer()  # unlink every name of the pool (idempotent)
 
     def __enter__(self) -> "Pool":
@@ -521,7 +344,7 @@ class Pool:
         slots = [ch for ch in self._channels if ch.alive or ch.ready_by]
         if not slots:
             return None
-        return slots[zlib.crc32(_key_bytes(meta.key)) % len(slots)].index
+        return slots[zlib.crc32(key_bytes(meta.key)) % len(slots)].index
 
     def _push_task(self, task: Task) -> None:
         if task.meta is not None:
@@ -627,10 +450,10 @@ class Pool:
                     self.estimator.weight(joined))
         task.plan, task.table, task.meta, task.old_n_body = plan, table, meta, old_n
         try:
-            task.seg_gen, task.old_seg_gen, task.capacity = self.sessions.target(meta, plan, bound)
+            task.target = self.sessions.target(meta, plan, bound)
         except shm.ShmFull:
             self._make_room()
-            task.seg_gen, task.old_seg_gen, task.capacity = self.sessions.target(meta, plan, bound)
+            task.target = self.sessions.target(meta, plan, bound)
         return task
 
     # --- dispatch (caller holds the lock) ---------------------------------------------------
@@ -719,8 +542,8 @@ class Pool:
         anchors = self.tokenizer.sessions.anchors_after(task.plan, outcome, meta.anchors)
         if meta.known_by != ch.index:  # re-homed (a worker died): the last one may unmap it
             self._unmap_on(meta, meta.known_by)
-        self.sessions.accept(meta, task.seg_gen, task.capacity, req.text, c.n_ids, anchors,
-                             ch.index)
+        self.sessions.accept(meta, task.target.gen, task.target.capacity, req.text, c.n_ids,
+                             anchors, ch.index, c.keep)
         if meta.content:
             self.index.remove(meta)
             self.index.add(meta, req.keys)
@@ -766,8 +589,9 @@ class Pool:
 
     def _task_dropped(self, task: Task) -> None:
         """A task that will not complete: release a segment created for it."""
-        if task.meta is not None and task.seg_gen != task.old_seg_gen:
-            self.sessions.drop_pending(task.meta, task.seg_gen)
+        t = task.target
+        if t is not None and t.gen != t.old_gen:
+            self.sessions.drop_pending(task.meta, t.gen)
 
     def _drop_session(self, meta: PoolSession) -> None:
         if meta.content:
@@ -812,99 +636,19 @@ class Pool:
             if meta.content:
                 self.index.remove(meta)
 
-        def run():
-            try:
-                self._resolve(req, self._encode_here(req.text, req.special))
-            except BaseException as exc:  # noqa: BLE001 - the reference's own error
-                if not req.future.done():
-                    req.future.set_exception(exc)
-            finally:
-                if meta is not None:
-                    with self._lock:
-                        if meta.inflight is req:
-                            meta.inflight = None
-                        self._start_session_request(meta)
-                self._finish_lists()
+        def then():
+            if meta is not None:  # the session's next request may start
+                with self._lock:
+                    if meta.inflight is req:
+                        meta.inflight = None
+                    self._start_session_request(meta)
+            self._finish_lists()
 
-        self._failover.submit(run)
-
-    def _encode_here(self, text, special):
-        """The in-process route (no session state): the request's exact IDs, or the
-        reference's own exception."""
-        return self._here.encode(text, add_special_tokens=special)
+        self.in_process_route.answer(req, self._resolve, then)
 
     def _in_process(self, req: Request, inline: bool) -> None:
         """No worker for this request: encode it here — inline for a synchronous caller, on a
-        worker thread otherwise (an event loop must never wait behind an encode)."""
+        worker thread otherwise."""
         with self._lock:  # reentrant: some callers hold it already
             self._counts["in_process"] += 1
-
-        def run():
-            try:
-                self._resolve(req, self._encode_here(req.text, req.special))
-            except BaseException as exc:  # noqa: BLE001
-                if not req.future.done():
-                    req.future.set_exception(exc)
-            finally:
-                self._finish_lists()
-
-        if inline:
-            run()
-        else:
-            self._failover.submit(run)
-
-    def _check_timeouts(self) -> None:
-        now = time.monotonic()
-        for ch in self._channels:
-            if ch.alive and ch.task is not None and now - ch.task.sent_at > self.request_timeout:
-                self._counts["timeouts"] += 1
-                try:
-                    os.kill(ch.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self._on_death(ch.index)
-
-    # --- background threads ---------------------------------------------------------------
-
-    def _dispatch_loop(self) -> None:
-        while not self._closed:
-            try:
-                self._done_sem.acquire(1.0)  # idle: one wake-up a second, no spinning
-            except posix_ipc.BusyError:
-                pass
-            except posix_ipc.ExistentialError:
-                return
-            with self._lock:
-                if self._closed:
-                    return
-                self._harvest()
-                self._check_timeouts()
-                self._check_starting()
-                self.sessions.reap()
-            self._finish_lists()
-
-    def _zygote_loop(self) -> None:
-        events = self.zygote.events
-        while True:
-            try:
-                ev = events.read()
-            except (OSError, ValueError):
-                ev = None
-            if ev is None:
-                break
-            with self._lock:
-                if ev.get("event") == "started":
-                    self._channels[ev["index"]].pid = ev["pid"]
-                elif ev.get("event") == "dead":
-                    ch = self._channels[ev["index"]]
-                    if ch.pid == ev["pid"]:
-                        log.warning("dtok pool: worker %d exit status %s", ev["index"], ev.get("status"))
-                        self._harvest()  # it may have answered before dying
-                        self._on_death(ev["index"])
-                elif ev.get("event") == "error":
-                    log.warning("dtok pool: zygote: %s", ev.get("error"))
-        with self._lock:  # the zygote is gone: so are the workers, and none can be replaced
-            if not self._closed:
-                for ch in self._channels:
-                    self._on_death(ch.index, replace=False)
-            self._ready.notify_all()
+        self.in_process_route.answer(req, self._resolve, self._finish_lists, inline)

@@ -84,7 +84,9 @@ class Channel:
             off += 8 * len(table)
             c.plan_words = len(table)
             c.session_id = task.meta.sid
-            c.seg_gen, c.old_seg_gen, c.seg_capacity = task.seg_gen, task.old_seg_gen, task.capacity
+            t = task.target
+            c.seg_gen, c.old_seg_gen, c.seg_capacity, c.dst_valid = (t.gen, t.old_gen,
+                                                                    t.capacity, t.valid)
             c.n_body = task.old_n_body
         c.kind = write_str(mem, off, task.text)
         c.text_chars = len(task.text)

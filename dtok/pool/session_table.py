@@ -3,14 +3,22 @@ shared-memory segment that callers see through read-only views without a copy.
 
 Copy on write: a worker writes a session's next IDs into its current segment only when the
 plan changes nothing but the IDs after a kept prefix *and* no view of the segment is alive;
-otherwise into a fresh segment, and the old one is retired (unlinked at once, unmapped when its
-last view is released). So a view handed to a caller never changes.
+otherwise into another segment, so a view handed to a caller never changes.
+
+That other segment is, when it can be, the session's *spare*: the segment that was current
+before (a caller that holds the previous turn's result while asking for the next one holds a
+view of the current segment, not of the spare). The spare remembers how many of its leading IDs
+still equal the current ones (``spare_valid``: the kept prefix of every turn since it was
+current), so a worker copies only the IDs that changed since then, not the whole context, and no
+segment is created, sized, mapped or faulted in per turn. A spare that a caller still views, or
+that is too small, is not written: the turn gets a fresh segment and the spare is retired
+(unlinked at once, unmapped when its last view is released).
 """
 from __future__ import annotations
 
 import sys
 from collections import OrderedDict, deque
-from typing import Hashable
+from typing import Hashable, NamedTuple
 
 from dtok.pool import protocol as P
 from dtok.pool import shm
@@ -24,10 +32,30 @@ def _with_room(n: int) -> int:
     return n + max(4096, n >> 3)
 
 
+class Target(NamedTuple):
+    """Where a session task writes: segment generation ``gen`` (== ``old_gen``: in place), the
+    generation holding the current IDs (0: none), its capacity in ints, and how many leading
+    ints of ``gen`` already hold the current IDs (``valid``; the worker copies the rest of the
+    kept prefix)."""
+    gen: int
+    old_gen: int
+    capacity: int
+    valid: int
+
+
+class Spare:
+    """A session's previous segment, kept mapped and named for the next copy on write."""
+    __slots__ = ("seg", "ids", "gen", "capacity", "valid")
+
+    def __init__(self, seg: shm.Segment, ids: MappedIds, gen: int, capacity: int,
+                 valid: int) -> None:
+        self.seg, self.ids, self.gen, self.capacity, self.valid = seg, ids, gen, capacity, valid
+
+
 class PoolSession:
     __slots__ = ("key", "sid", "text", "anchors", "n_body", "gen", "seg", "ids", "capacity",
-                 "queue", "inflight", "nbytes", "lists", "known_by", "content", "end_key",
-                 "ckpt_keys", "used")
+                 "spare", "last_gen", "queue", "inflight", "nbytes", "lists", "known_by",
+                 "content", "end_key", "ckpt_keys", "used")
 
     def __init__(self, key: Hashable, sid: int) -> None:
         self.key, self.sid = key, sid
@@ -38,6 +66,8 @@ class PoolSession:
         self.seg: shm.Segment | None = None
         self.ids: MappedIds | None = None
         self.capacity = 0  # ints
+        self.spare: Spare | None = None
+        self.last_gen = 0  # generations are never reused: a worker caches mappings by them
         self.queue: deque = deque()
         self.inflight = None  # the request whose task is queued or running
         self.nbytes = 0
@@ -66,6 +96,7 @@ class SessionTable:
         self._next_sid = 1
         self._clock = 0
         self.n_content = 0  # sessions made for content lookup
+        self.segments_made = 0  # session segments created (a spare reused is not one)
         self._pending: dict[tuple[int, int], shm.Segment] = {}  # (sid, gen) -> segment in flight
         self._retired: list[tuple[shm.Segment, MappedIds | None]] = []
 
@@ -95,33 +126,64 @@ class SessionTable:
 
     # --- segments -------------------------------------------------------------------------
 
-    def target(self, meta: PoolSession, plan: Plan, bound: int) -> tuple[int, int, int]:
-        """(segment generation to write, generation holding the current IDs or 0, capacity in
-        ints) for a task whose new IDs are at most ``bound``: the current segment when the plan
-        may be done in place, nothing holds a view and it fits; else a fresh one (ShmFull if it
-        cannot be made)."""
+    def target(self, meta: PoolSession, plan: Plan, bound: int) -> Target:
+        """Where a task whose new IDs are at most ``bound`` writes: the current segment when the
+        plan may be done in place, nothing holds a view and it fits; else the spare when no view
+        of it is alive and it fits; else a fresh segment (ShmFull if it cannot be made)."""
         old = meta.gen if meta.seg is not None and meta.text is not None else 0
         if (old and plan.kind != "encode" and plan.in_place and bound <= meta.capacity
                 and (meta.ids is None or meta.ids.exports == 0)):
-            return old, old, meta.capacity
+            return Target(old, old, meta.capacity, 0)
+        spare, old = meta.spare, old if plan.kind != "encode" else 0
+        if spare is not None and spare.ids.exports == 0 and bound <= spare.capacity:
+            meta.spare = None  # in flight: a task that does not complete drops it
+            self._pending[(meta.sid, spare.gen)] = spare.seg
+            spare.ids.release()
+            return Target(spare.gen, old, spare.capacity, spare.valid if old else 0)
         capacity = _with_room(bound)
-        gen = meta.gen + 1
-        while (meta.sid, gen) in self._pending:
-            gen += 1
-        seg = shm.Segment(P.session_name(self.prefix, meta.sid, gen), 4 * capacity, True,
-                          self.budget)
-        self._pending[(meta.sid, gen)] = seg
-        return gen, old if plan.kind != "encode" else 0, capacity
+        self._new_segment(meta, 4 * capacity)
+        return Target(meta.last_gen, old, capacity, 0)
+
+    def _new_segment(self, meta: PoolSession, nbytes: int) -> shm.Segment:
+        """A fresh segment for the session's next generation, pending until accepted. When
+        shared memory is short, the spares of idle sessions are given back first."""
+        try:
+            seg = shm.Segment(P.session_name(self.prefix, meta.sid, meta.last_gen + 1), nbytes,
+                              True, self.budget)
+        except shm.ShmFull:
+            if not self.drop_spares():
+                raise
+            seg = shm.Segment(P.session_name(self.prefix, meta.sid, meta.last_gen + 1), nbytes,
+                              True, self.budget)
+        meta.last_gen += 1
+        self.segments_made += 1
+        self._pending[(meta.sid, meta.last_gen)] = seg
+        return seg
+
+    def drop_spares(self) -> int:
+        """Retire every session's spare (shared memory ran short); how many there were."""
+        n = 0
+        for meta in self._by_key.values():
+            if meta.spare is not None:
+                self._retire_spare(meta)
+                n += 1
+        return n
 
     def accept(self, meta: PoolSession, gen: int, capacity: int, text: str, n_body: int,
-               anchors: Anchors, worker: int) -> None:
-        """A task's result becomes the session's state."""
+               anchors: Anchors, worker: int | None, keep: int) -> None:
+        """A task's result becomes the session's state (``keep``: its leading IDs, prefix
+        included, that equal the previous state's)."""
         if gen != meta.gen or meta.seg is None:
-            self.retire(meta)
+            self._retire_spare(meta)
+            if meta.seg is not None:  # the current segment becomes the spare
+                meta.spare = Spare(meta.seg, meta.ids, meta.gen, meta.capacity, keep)
+                meta.seg, meta.ids = None, None
             meta.seg = self._pending.pop((meta.sid, gen))
             meta.gen = gen
             meta.ids = MappedIds(meta.seg.map, capacity)
             meta.capacity = capacity
+        elif meta.spare is not None:  # in place: the spare shares only what was kept
+            meta.spare.valid = min(meta.spare.valid, keep)
         meta.text, meta.n_body, meta.anchors, meta.known_by = text, n_body, anchors, worker
         meta.ids.length = self.n_prefix + n_body + self.n_suffix
         self._clock += 1
@@ -134,15 +196,12 @@ class SessionTable:
         new segment, as a worker would have. False when shared memory cannot be had."""
         n_body = sum(len(p) for p in parts)
         capacity = _with_room(self.n_prefix + n_body + self.n_suffix)
-        gen = meta.gen + 1
         try:
-            seg = shm.Segment(P.session_name(self.prefix, meta.sid, gen), 4 * capacity, True,
-                              self.budget)
+            seg = self._new_segment(meta, 4 * capacity)
         except shm.ShmFull:
             return False
         write_ids(seg.map, 0, [self.prefix_ids, *parts, self.suffix_ids])
-        self._pending[(meta.sid, gen)] = seg
-        self.accept(meta, gen, capacity, text, n_body, anchors, None)
+        self.accept(meta, meta.last_gen, capacity, text, n_body, anchors, None, 0)
         return True
 
     def drop_pending(self, meta: PoolSession, gen: int) -> None:
@@ -166,6 +225,7 @@ class SessionTable:
 
     def reset(self, meta: PoolSession) -> None:
         """Forget a session's state (its IDs may be half written)."""
+        self._retire_spare(meta)
         self.retire(meta)
         meta.text, meta.anchors, meta.n_body, meta.known_by = None, None, 0, None
         meta.lists.clear()
@@ -176,6 +236,12 @@ class SessionTable:
             self._retired.append((meta.seg, meta.ids))
             meta.seg, meta.ids, meta.capacity = None, None, 0
         self.reap()
+
+    def _retire_spare(self, meta: PoolSession) -> None:
+        spare, meta.spare = meta.spare, None
+        if spare is not None:
+            spare.seg.unlink()
+            self._retired.append((spare.seg, spare.ids))
 
     def reap(self, force: bool = False) -> None:
         keep = []
@@ -194,6 +260,7 @@ class SessionTable:
     def _account(self, meta: PoolSession) -> None:
         size = (sys.getsizeof(meta.text) if meta.text is not None else 0) \
             + (4 * meta.ids.length if meta.ids is not None else 0) \
+            + (4 * meta.spare.ids.length if meta.spare is not None else 0) \
             + (meta.anchors.nbytes if meta.anchors is not None else 0) \
             + meta.lists.nbytes
         self.bytes_used += size - meta.nbytes

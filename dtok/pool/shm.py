@@ -23,6 +23,7 @@ import errno
 import fcntl
 import mmap
 import os
+import signal
 import re
 import secrets
 import threading
@@ -195,6 +196,15 @@ def unlink_prefix(prefix: str) -> int:
             unlink_segment(name)
         removed += 1
     return removed
+
+
+def sigkill(pid: int) -> None:
+    """SIGKILL a process of the pool's (a worker past its deadline, one that outlives the
+    pool); one already gone is not an error."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _alive(pid: int) -> bool:

@@ -46,7 +46,7 @@ class Worker:
         self.payload_gen = -1
         self.result: Segment | None = None
         self.result_gen = -1
-        self.segments: dict[int, tuple[int, Segment]] = {}  # sid -> (gen, mapping)
+        self.segments: dict[int, dict[int, Segment]] = {}  # sid -> {gen: mapping}
         self.n_prefix = len(tok.bodies.prefix)
 
     # --- segments -------------------------------------------------------------------------
@@ -69,22 +69,22 @@ class Worker:
         return getattr(self, which).map
 
     def _mapping(self, sid: int, gen: int) -> Segment:
-        have = self.segments.get(sid)
-        if have is not None and have[0] == gen:
-            return have[1]
+        have = self.segments.get(sid, {}).get(gen)
+        if have is not None:
+            return have
         return Segment(P.session_name(self.prefix, sid, gen), 0, create=False)
 
-    def _cache(self, sid: int, gen: int, seg: Segment) -> None:
-        """Keep the mapping of each session's latest segment only."""
-        have = self.segments.get(sid)
-        if have is not None and have[1] is not seg:
-            have[1].close()
-        self.segments[sid] = (gen, seg)
+    def _cache(self, sid: int, keep: dict[int, Segment]) -> None:
+        """Keep the mappings of a session's two latest segments (its current one and the one
+        its next copy on write reuses); close the others."""
+        for gen, seg in self.segments.get(sid, {}).items():
+            if keep.get(gen) is not seg:
+                seg.close()
+        self.segments[sid] = keep
 
     def _forget(self, sid: int) -> None:
-        seg = self.segments.pop(sid, None)
-        if seg is not None:
-            seg[1].close()
+        for seg in self.segments.pop(sid, {}).values():
+            seg.close()
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -191,7 +191,9 @@ class Worker:
 
     def _session(self, plan) -> int:
         """Execute a session's plan: the new IDs into the segment the front end chose (the
-        current one, in place, only when nothing but new IDs follow the kept ones)."""
+        current one, in place, only when nothing but new IDs follow the kept ones; else one
+        whose first ``dst_valid`` IDs already equal the current ones, so only the rest of the
+        kept prefix is copied)."""
         c = self.control
         sid, p = c.session_id, self.n_prefix
         old = self._mapping(sid, c.old_seg_gen) if c.old_seg_gen else None
@@ -204,7 +206,8 @@ class Worker:
             keep = p + outcome.keep
             if dst is not old:
                 if old is not None:
-                    copy_ids(old.map, 0, dst.map, 0, keep)
+                    valid = min(c.dst_valid, keep)
+                    copy_ids(old.map, valid, dst.map, valid, keep - valid)
                 else:
                     write_ids(dst.map, 0, [self.bodies.prefix])
             n = write_ids(dst.map, keep, [*outcome.tail, self.bodies.suffix])
@@ -213,9 +216,7 @@ class Worker:
                 outcome.tail.clear()
             if old_body is not None:
                 old_body.release()
-        self._cache(sid, c.seg_gen, dst)
-        if old is not None and old is not dst:
-            old.close()
+        self._cache(sid, {c.seg_gen: dst} if old is None else {c.seg_gen: dst, c.old_seg_gen: old})
         c.n_ids = keep - p + n - len(self.bodies.suffix)
         c.keep = keep
         words = P.report(outcome)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import signal
 import sys
 import time
 
@@ -161,11 +160,10 @@ def _serve(tok, config: dict, children: dict[int, int], done_sem, stdin: _Stdin)
 
 def _stop(children: dict[int, int]) -> None:
     """No worker outlives the pool."""
+    from dtok.pool import shm
+
     for pid in list(children):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        shm.sigkill(pid)
     deadline = time.monotonic() + 5
     while children and time.monotonic() < deadline:
         try:

@@ -8,6 +8,8 @@ on the pipe waits for data that has already arrived (that is how a pool start on
 """
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import os
 import subprocess
@@ -140,3 +142,17 @@ class ZygoteClient:
     def pid(self) -> int | None:
         z = self.res.zygote
         return z.pid if z is not None else None
+
+
+def tokenizer_bytes(tok) -> bytes:
+    """The tokenizer for the zygote: the file's own bytes while they are unchanged on disk (or
+    bundled), else the loaded reference serialized (``admission.sha256`` still names the file,
+    as in ``Tokenizer.with_knobs``)."""
+    path = Path(tok.files.path)
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        if hashlib.sha256(raw).hexdigest() == tok.admission.sha256:
+            return raw
+    except OSError:  # not a file: a tokenizer built from bytes
+        pass
+    return tok.tokenizer_json()
