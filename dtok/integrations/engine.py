@@ -24,10 +24,18 @@ get its content lookup (a prompt sharing at least half of a stored one continues
 ``DTOK_STATS_FILE=PATH`` (``{pid}`` expands to the process id): each hook's
 :meth:`EngineHook.report` is written there as JSON when the process exits.
 
+Tenants: a request's key is its session (a session id, else the request id's prefix) inside
+its scope (``cache_salt`` and the served model or LoRA adapter, where the engine says): dtok
+passes both to the pool or the tokenizer, which keep sessions and content lookup of different
+scopes apart, so the same session id under two salts names two sessions, and a salted request
+without a session id continues its own conversation by content lookup inside its tenant.
+
 >>> session_key(session_id="conv-1", cache_salt="tenant")
-'sid:conv-1'
+RequestKey(session=('sid', 'conv-1'), scope=('tenant', None))
 >>> session_key(request_id="conv-7:turn-3", rid_separator=":")
-'rid:conv-7'
+RequestKey(session=('rid', 'conv-7'), scope=None)
+>>> session_key(cache_salt="tenant", model="lora-a")
+RequestKey(session=None, scope=('tenant', 'lora-a'))
 """
 from __future__ import annotations
 
@@ -44,17 +52,26 @@ import sys
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Hashable, Iterator, NamedTuple
 
 log = logging.getLogger("dtok.integrations")
 
-__all__ = ["SESSION_KEY", "SECTIONS", "PROBES", "EncodeOptions", "EngineHook", "bound_key",
+__all__ = ["SESSION_KEY", "SECTIONS", "PROBES", "EncodeOptions", "EngineHook", "RequestKey", "bound_key",
            "compare_sections", "configure", "encode_options", "patch", "resolve", "run_in_context",
            "session_key"]
 
-#: The session key of the request being served (set where the engine parses the request).
-SESSION_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("dtok_session_key",
-                                                                         default=None)
+class RequestKey(NamedTuple):
+    """Where dtok keeps a request's state: ``session`` (``("sid", id)``, ``("rid", prefix)``, or
+    None: content lookup) inside ``scope`` (``(cache_salt, model)``, None when neither is
+    known). Tuples: no separator a salt or id could contain makes two tenants' keys equal."""
+
+    session: Hashable | None
+    scope: Hashable | None
+
+
+#: The key of the request being served (set where the engine parses the request).
+SESSION_KEY: contextvars.ContextVar[RequestKey | None] = contextvars.ContextVar(
+    "dtok_session_key", default=None)
 #: tokenizer.json sections that decide IDs; a live tokenizer must equal a frozen file in each.
 SECTIONS = ("model", "normalizer", "pre_tokenizer", "added_tokens", "post_processor")
 #: Texts encoded by the engine's tokenizer and by dtok before dtok may serve the engine.
@@ -69,20 +86,30 @@ PROBES = (
 
 
 def session_key(*, session_id: Any = None, cache_salt: Any = None, request_id: Any = None,
-                rid_separator: str | None = None) -> str | None:
-    """The session key, first found: a session id, the cache salt, the request id up to
-    ``rid_separator`` (when set and present); None means dtok's content lookup."""
+                rid_separator: str | None = None, model: Any = None) -> RequestKey | None:
+    """The request's key: its session, first found (a session id, the request id up to
+    ``rid_separator`` when set and present), inside its scope (the cache salt and the served
+    model or adapter); None: neither (content lookup, unscoped)."""
+    salt = cache_salt if isinstance(cache_salt, str) and cache_salt else None
+    model = model if isinstance(model, str) and model else None
+    scope = None if salt is None and model is None else (salt, model)
+    session = None
     if isinstance(session_id, str) and session_id:
-        return "sid:" + session_id
-    if isinstance(cache_salt, str) and cache_salt:
-        return "salt:" + cache_salt
-    if rid_separator and isinstance(request_id, str) and rid_separator in request_id:
-        return "rid:" + request_id.split(rid_separator, 1)[0]
-    return None
+        session = ("sid", session_id)
+    elif rid_separator and isinstance(request_id, str) and rid_separator in request_id:
+        session = ("rid", request_id.split(rid_separator, 1)[0])
+    return None if session is None and scope is None else RequestKey(session, scope)
+
+
+def _parts(key) -> tuple[Hashable | None, Hashable | None]:
+    """(session, scope) of a request's key (a plain key: a session without a scope)."""
+    if key is None:
+        return None, None
+    return (key.session, key.scope) if isinstance(key, RequestKey) else (key, None)
 
 
 @contextlib.contextmanager
-def bound_key(key: str | None) -> Iterator[None]:
+def bound_key(key: RequestKey | None) -> Iterator[None]:
     """Bind :data:`SESSION_KEY` for the duration of a request's parsing and tokenization."""
     token = SESSION_KEY.set(key)
     try:
@@ -276,15 +303,19 @@ def _write_reports() -> None:
 
 def _list_of(owner, text: str, key, special: bool) -> list[int]:
     """IDs as a list: the owner's ``encode_list`` when it has one, else ``list()`` of a view."""
+    session, scope = _parts(key)
     if hasattr(owner, "encode_list"):
-        return owner.encode_list(text, session=key, add_special_tokens=special)
-    return list(owner.encode(text, session=key, add_special_tokens=special))
+        return owner.encode_list(text, session=session, scope=scope, add_special_tokens=special)
+    return list(owner.encode(text, session=session, scope=scope, add_special_tokens=special))
 
 
 async def _list_of_async(pool, text: str, key, special: bool) -> list[int]:
+    session, scope = _parts(key)
     if hasattr(pool, "encode_list_async"):
-        return await pool.encode_list_async(text, session=key, add_special_tokens=special)
-    return list(await pool.encode_async(text, session=key, add_special_tokens=special))
+        return await pool.encode_list_async(text, session=session, scope=scope,
+                                            add_special_tokens=special)
+    return list(await pool.encode_async(text, session=session, scope=scope,
+                                        add_special_tokens=special))
 
 
 class EngineHook:
@@ -440,7 +471,7 @@ class EngineHook:
     def pool_route(self, wrapper, text: str, key: Any = None):
         """The pool that should encode ``text`` (keyed, or at least ``DTOK_POOL_MIN_CHARS``
         long, and a pool is ready), or None: encode in process."""
-        if key is None and len(text) < _pool_min_chars():
+        if _parts(key)[0] is None and len(text) < _pool_min_chars():
             return None
         return self.pool_for(wrapper.current())
 
@@ -448,7 +479,7 @@ class EngineHook:
 
     def _count(self, key, pooled: bool) -> None:
         self.stats["dtok_calls"] += 1
-        self.stats["keyed_calls"] += key is not None
+        self.stats["keyed_calls"] += _parts(key)[0] is not None
         self.stats["pool_calls"] += pooled
 
     def _finish(self, tok, ids: list[int], options: EncodeOptions) -> list[int] | None:
