@@ -44,6 +44,7 @@ import atexit
 import contextlib
 import contextvars
 import functools
+import hashlib
 import inspect
 import json
 import logging
@@ -90,15 +91,26 @@ def session_key(*, session_id: Any = None, cache_salt: Any = None, request_id: A
     """The request's key: its session, first found (a session id, the request id up to
     ``rid_separator`` when set and present), inside its scope (the cache salt and the served
     model or adapter); None: neither (content lookup, unscoped)."""
-    salt = cache_salt if isinstance(cache_salt, str) and cache_salt else None
-    model = model if isinstance(model, str) and model else None
+    salt = _bounded(cache_salt) if isinstance(cache_salt, str) and cache_salt else None
+    model = _bounded(model) if isinstance(model, str) and model else None
     scope = None if salt is None and model is None else (salt, model)
     session = None
     if isinstance(session_id, str) and session_id:
-        session = ("sid", session_id)
+        session = ("sid", _bounded(session_id))
     elif rid_separator and isinstance(request_id, str) and rid_separator in request_id:
-        session = ("rid", request_id.split(rid_separator, 1)[0])
+        session = ("rid", _bounded(request_id.split(rid_separator, 1)[0]))
     return None if session is None and scope is None else RequestKey(session, scope)
+
+
+KEY_CHARS = 256  # a longer id, salt or model name is kept as its SHA-256
+
+
+def _bounded(value: str) -> str | tuple[str, str]:
+    """A client's string as kept in a key: itself, or past KEY_CHARS its SHA-256 (a 1 MB
+    session id must not be held once per session; collisions are out of reach)."""
+    if len(value) <= KEY_CHARS:
+        return value
+    return ("sha256", hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest())
 
 
 def _parts(key) -> tuple[Hashable | None, Hashable | None]:
