@@ -62,6 +62,8 @@ FAULTS = {"worker_kill": 5, "worker_stop": 3, "zygote_kill": 1.2, "shm_fill": 2,
 BURST_CHARS = 1_000_000
 CONV_CAP = 250_000  # a conversation this long starts over under a new key
 POOL_KNOBS = dict(max_sessions=16, session_bytes=48 << 20)
+POOL_COUNTERS = ("requests", "timeouts", "worker_deaths", "replacements", "failovers",
+                 "in_process", "shm_full", "plan_failures", "errors")
 
 
 def now() -> float:
@@ -272,6 +274,10 @@ def front_end(args) -> None:
         log.write(t="internal", at=now(), msg=f"{a.exc_type.__name__}: {a.exc_value}"[:300])
 
     threading.excepthook = hook
+    if args._tracemalloc:
+        import tracemalloc
+
+        tracemalloc.start()
     rng = random.Random(args.seed * 1000 + inc)
     texts = Texts(load_corpus(), rng)
     tok = dtok.Tokenizer.default(**POOL_KNOBS)
@@ -400,6 +406,7 @@ def front_end(args) -> None:
                 rec["sessions"] = s["sessions"]
                 rec["session_bytes"] = s["session_bytes"]
                 rec["shm_bytes"] = s["shm_bytes"]
+                rec["pool"] = {"prefix": pool.prefix, **{k: s[k] for k in POOL_COUNTERS}}
                 status = {"pid": os.getpid(), "ready": True, "prefixes": list(pools.prefixes),
                           "workers": [w["pid"] for w in s["workers"] if w["alive"] and w["pid"]],
                           "zygote": pool.zygote_pid}
@@ -451,6 +458,11 @@ def front_end(args) -> None:
         spool_cv.notify()
     time.sleep(0.5)
     leaked = {p: shm.names_with_prefix(p) for p in pools.prefixes}
+    if args._tracemalloc:  # private: where the front end's memory went
+        import tracemalloc
+
+        top = tracemalloc.take_snapshot().statistics("lineno")[:30]
+        (out / f"tracemalloc-{inc}.txt").write_text("\n".join(map(str, top)))
     log.write(t="end", at=now(), unanswered=sorted(left), leaked=leaked,
               internal=internal["errors"], tok_stats=tok.sessions.stats())
 
@@ -667,6 +679,7 @@ def analyze(out: Path, args, checker, leaked_after_restart, end_names, restarts,
     mem_fe, mem_w, leaked_close = [], {}, []
     unanswered, died_with_client, oldest_died = [], 0, 0.0
     tok_stats = None
+    pool_counts: dict[str, dict] = {}
     for path in sorted(out.glob("fe-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
         inc = int(path.stem.split("-")[1])
         sub, ans, end = {}, {}, None
@@ -697,6 +710,8 @@ def analyze(out: Path, args, checker, leaked_after_restart, end_names, restarts,
             elif t == "skip":
                 skipped += 1
             elif t == "m":
+                if r.get("pool"):  # the last sample of each pool: its counters
+                    pool_counts[r["pool"]["prefix"]] = r["pool"]
                 if r.get("fe"):
                     fe_mem.append((r["at"], *r["fe"]))
                 for pid, m in (r.get("workers") or {}).items():
@@ -777,6 +792,7 @@ def analyze(out: Path, args, checker, leaked_after_restart, end_names, restarts,
             "max_pss_growth": max((f["pss_growth"] for f in w_flat), default=None),
             "max_rss": max((f["rss_max"] for f in w_flat), default=None)},
         "bounds": POOL_KNOBS, "tokenizer_sessions_at_end": tok_stats,
+        "pool_counters": {k: sum(c[k] for c in pool_counts.values()) for k in POOL_COUNTERS},
     }
 
 
@@ -798,6 +814,7 @@ def main() -> int:
     ap.add_argument("--front-end", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--incarnation", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--_corrupt-every", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--_tracemalloc", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.front_end:
         front_end(args)
