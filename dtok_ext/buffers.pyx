@@ -106,6 +106,36 @@ cdef class IdBuffer:
         out.length = keep + _fill(out.data + keep, parts, (), tuple(suffix))
         return out
 
+    def splice_into(self, IdBuffer dst not None, Py_ssize_t valid, Py_ssize_t keep, parts,
+                    suffix=(), Py_ssize_t headroom=0):
+        """self[:keep] + parts... + suffix written into ``dst``, whose first ``valid`` IDs
+        already equal self's (only self[valid:keep] is copied): the copy on write of a session
+        whose caller holds a view of self, into the buffer it held before. Returns dst.
+
+        >>> a = IdBuffer.concat([[1, 2, 3, 4]])
+        >>> b = a.splice(4, [[5]], headroom=8)    # no view alive: in place, b is a
+        >>> spare = IdBuffer.concat([[1, 2, 9]])  # an older state that shares [1, 2]
+        >>> list(memoryview(b.splice_into(spare, 2, 3, [[7]])))
+        [1, 2, 3, 7]
+        """
+        cdef Py_ssize_t total = keep + len(suffix)
+        if dst is self:
+            raise ValueError("splice_into needs another buffer")
+        if keep < 0 or keep > self.length or valid < 0 or valid > dst.length:
+            raise ValueError("keep or valid out of range")
+        if dst.exports:
+            raise BufferError("cannot write an IdBuffer while a view of it is alive")
+        for p in parts:
+            total += len(p)
+        if total > dst.capacity:
+            dst.reserve(total + headroom)
+        if valid > keep:
+            valid = keep
+        if keep > valid:
+            memcpy(dst.data + valid, self.data + valid, (keep - valid) * sizeof(int))
+        dst.length = keep + _fill(dst.data + keep, parts, (), tuple(suffix))
+        return dst
+
     def view(self, Py_ssize_t start=0, stop=None):
         """Read-only memoryview of self[start:stop]."""
         cdef Py_ssize_t end = self.length if stop is None else stop
