@@ -242,7 +242,8 @@ class SessionStore:
         """Entries, bytes held, and what the requests did: ``repairs`` (the text extended the
         stored one), ``edits`` (IDs reused across a change that is not an append),
         ``full_encodes``, ``fallbacks`` (a continuation that could not be proven: encoded
-        whole)."""
+        whole); ``lists_made``: lists for ``encode_list`` built whole (the others were updated
+        in O(changed IDs)) by the sessions held now."""
         with self._lock:
             live = [e for e in self._lru if e.text is not None]
             return {"entries": len(self._lru), "keyed": len(self._keyed),
@@ -250,6 +251,7 @@ class SessionStore:
                     "text_bytes": sum(sys.getsizeof(e.text) for e in live),
                     "id_bytes": sum(e.buf.nbytes for e in live if e.buf is not None),
                     "anchor_bytes": sum(e.anchors.nbytes for e in live if e.anchors is not None),
+                    "lists_made": sum(lst.made for e in live for lst in e.lists.values()),
                     **self._counts}
 
     def describe(self) -> dict[str, Any]:
