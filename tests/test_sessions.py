@@ -8,7 +8,8 @@ import threading
 import pytest
 
 import dtok
-from conftest import MAIN_FILES, load_tokenizer, read_text, ref_ids, ref_ids_many, shared_path
+from conftest import (MAIN_FILES, load_tokenizer, next_turn, read_text, ref_ids, ref_ids_many,
+                      shared_path)
 from dtok.chat import detect_style, render_turns
 
 TRANSCRIPTS = [
@@ -238,15 +239,7 @@ def test_held_views_go_to_the_spare_buffer_and_never_change(seed):
     text = src[:20000]
     held, snapshots, buffers = None, [], []  # the buffers themselves: ids are not reused
     for turn in range(40):
-        r = rng.random()
-        start = rng.randrange(0, len(src) - 2000)
-        if r < 0.5:
-            text += src[start : start + rng.randint(1, 600)]
-        elif r < 0.75:
-            text = text[: rng.randint(len(text) // 2, len(text))] + src[start : start + 400]
-        else:
-            a = rng.randint(len(text) // 3, len(text) // 2)
-            text = text[:a] + text[a + rng.randint(1, 3000):] + src[start : start + 300]
+        text = next_turn(rng, src, text)
         view = tok.encode(text, session="s")
         assert list(view) == ref_ids(tok, text), f"turn {turn}"
         if not any(b is view.obj for b in buffers):
