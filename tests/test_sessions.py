@@ -249,7 +249,7 @@ def test_held_views_go_to_the_spare_buffer_and_never_change(seed):
             if turn % 8 == 0:
                 snapshots.append((view, list(view)))
         else:
-            held = None
+            held = None  # noqa: F841 - held only to keep a view alive into the next turn
         del view
     for view, snapshot in snapshots:
         assert list(view) == snapshot
