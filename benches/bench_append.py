@@ -141,8 +141,9 @@ def turn_bytes(tok: dtok.Tokenizer, kind: str, src: str, size: int, turns: int =
     tok.encode(text, session=key)
     rows = []
     for _ in range(turns):
-        text = patterns.next_text(kind, text, src, at)
-        at += patterns.APPEND
+        before, text, at = patterns.next_turn(kind, text, src, at)
+        for t in before:
+            tok.encode(t, session=key)
         e = tok.explain(text, session=key)
         n_old = len(tok.encode(text, session=key))
         width = str_nbytes(text) // max(1, len(text))  # PEP 393: 1, 2 or 4 bytes a character
@@ -182,8 +183,7 @@ def patterns_main(args, info: dict, kind: str) -> None:
         if fast is not None:  # what a user runs instead: the whole text, every turn
             encoders[f"{fast.name} whole"] = lambda t, k, as_list: (
                 fast.encode(t).tolist() if as_list else fast.encode(t))
-        longest = max(args.sizes) + 4 * args.appends * patterns.APPEND + 600_000
-        src = stream(tok, longest)
+        src = stream(tok, max(args.sizes) + 1_000_000)  # patterns.take wraps around
         taxes = [cold.allocator_tax() for _ in range(5)]
         results["allocator_tax_ms"][name] = taxes
         print(f"# {name}: allocator tax after the reference's 1M encode on this thread: median "
