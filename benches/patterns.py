@@ -100,8 +100,8 @@ class Cold:
         arena's first malloc-heavy call, paid by whoever calls first."""
         self("ref_same")
         t0 = time.perf_counter()
-        ptrs = [self._libc.malloc(size) for size in
-                (24, 40, 72, 136, 264, 520, 1032, 2056, 4104, 8200, 16392, 65544) for _ in range(20)]
+        sizes = (24, 40, 72, 136, 264, 520, 1032, 2056, 4104, 8200, 16392, 65544)
+        ptrs = [self._libc.malloc(size) for size in sizes for _ in range(20)]
         for p in ptrs:
             self._libc.free(p)
         return (time.perf_counter() - t0) * 1e3
@@ -121,7 +121,7 @@ def run(encode: Callable, kind: str, src: str, size: int, turns: int, pattern: s
         at[key] = start + size
         encode(texts[key], key, as_list)
     lat = []
-    for _ in range(turns):
+    for turn in range(turns + 1):  # turn 0 untimed: from then on held results take turns
         for key in texts:
             before, texts[key], at[key] = next_turn(kind, texts[key], src, at[key])
             for text in before:
@@ -135,7 +135,8 @@ def run(encode: Callable, kind: str, src: str, size: int, turns: int, pattern: s
             send = texts[key][:1] + texts[key][1:]
             t0 = time.perf_counter()
             out = encode(send, key, as_list)
-            lat.append(time.perf_counter() - t0)
+            if turn:
+                lat.append(time.perf_counter() - t0)
             if pattern == "dropped":
                 del out
             else:
@@ -168,12 +169,13 @@ def table(label: str, encoders: dict[str, Callable], kind: str, src: str, size: 
             for who, reps in per.items():
                 meds = [r["median_ms"] for r in reps]
                 p99s = [r["p99_ms"] for r in reps]
-                row[who] = {"median_ms": statistics.median(meds), "median_spread": (min(meds), max(meds)),
+                row[who] = {"median_ms": statistics.median(meds),
+                            "median_spread": (min(meds), max(meds)),
                             "p99_ms": statistics.median(p99s), "p99_spread": (min(p99s), max(p99s)),
                             "turns": reps[0]["n"]}
                 cells.append(f"{who} {row[who]['median_ms']:.3f} [{min(meds):.3f}-{max(meds):.3f}]"
                              f" P99 {row[who]['p99_ms']:.3f}")
             rows.append(row)
-            print(f"{label} {kind:6s} {size:>9,} {condition:11s} {pattern:9s} | " + " | ".join(cells),
-                  flush=True)
+            print(f"{label} {kind:6s} {size:>9,} {condition:11s} {pattern:9s} | "
+                  + " | ".join(cells), flush=True)
     return rows
