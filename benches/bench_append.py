@@ -136,25 +136,30 @@ def main() -> None:
 
 def turn_bytes(tok: dtok.Tokenizer, kind: str, src: str, size: int, turns: int = 5) -> dict:
     """What a turn reads and writes, from the plan of each (untimed): text bytes compared,
-    characters encoded (new text, and old text re-encoded to place seams), IDs written."""
+    characters encoded (new text, and old text re-encoded to place seams), IDs written (after
+    the first that differs from the previous request's)."""
     key, text, at = "bytes", src[:size], size
-    tok.encode(text, session=key)
+    last = tok.encode(text, session=key).tolist()
     rows = []
     for _ in range(turns):
         before, text, at = patterns.next_turn(kind, text, src, at)
         for t in before:
-            tok.encode(t, session=key)
+            last = tok.encode(t, session=key).tolist()
         e = tok.explain(text, session=key)
-        n_old = len(tok.encode(text, session=key))
+        ids = tok.encode(text, session=key).tolist()
+        same = next((i for i, (a, b) in enumerate(zip(last, ids)) if a != b),
+                    min(len(last), len(ids)))
         width = str_nbytes(text) // max(1, len(text))  # PEP 393: 1, 2 or 4 bytes a character
         rows.append({"text_bytes_compared": 2 * width * e.get("common_prefix", 0),
                      "fresh_chars": e.get("fresh_chars", 0),
                      "old_chars_reencoded": e.get("old_text_reencoded", 0),
-                     "ids": n_old})
+                     "ids_written": len(ids) - same, "ids": len(ids)})
+        last = ids
     out = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     print(f"  per {kind} turn at {size:,}: compares {out['text_bytes_compared'] / 1e6:.1f} MB of "
           f"text, encodes {out['fresh_chars']:.0f} new + {out['old_chars_reencoded']:.0f} old "
-          f"characters; session {out['ids']:,.0f} IDs ({4 * out['ids'] / 1e6:.1f} MB)", flush=True)
+          f"characters, writes {out['ids_written']:,.0f} IDs; session {out['ids']:,.0f} IDs "
+          f"({4 * out['ids'] / 1e6:.1f} MB)", flush=True)
     return out
 
 
