@@ -51,7 +51,8 @@ def test_real_text_differential(name):
     ]
     for text, want in zip(texts, ref_ids_many(tok, texts)):
         assert list(tok.encode(text)) == want
-    assert tok.stats()["fast_pieces"] > 10
+    stats = tok.stats()  # the fast encoders' pieces (gigatoken's where it measured faster)
+    assert stats["fast_pieces"] + stats["second_pieces"] > 10
 
 
 def nfc_checked(tok: dtok.Tokenizer) -> dtok.Tokenizer:
