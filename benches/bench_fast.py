@@ -197,9 +197,17 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
                         fn((doc + " ")[:-1])
                     time.sleep(pause_ms / 1e3)  # the previous encoder's threads settle (--order)
                     c0, t0 = time.process_time(), time.perf_counter()
-                    got = fn(fresh)
+                    try:
+                        got = fn(fresh)
+                    except BaseException as exc:  # a Rust panic is a BaseException
+                        if isinstance(exc, KeyboardInterrupt):
+                            raise
+                        got = exc
                     wall[label].append(time.perf_counter() - t0)
                     cpu[label].append(time.process_time() - c0)
+                    if isinstance(got, BaseException):
+                        wrong[label].append((i, -1, f"raised {got!r}"[:120]))
+                        continue
                     ids = list(got) if label == "dtok" else AS_LIST[label](got)
                     if ids != want:
                         first = next((k for k, (a, b) in enumerate(zip(ids, want)) if a != b),
