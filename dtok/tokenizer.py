@@ -616,6 +616,9 @@ class Tokenizer:
             "encoder": self.encoder.name,
             "cuts": [],
         }
+        if self._second is not None:  # chunk_routes' "fast" is then either fast encoder
+            info["second_encoder"] = self._second.encoder.name
+            info["second_classes"] = sorted(self._second_classes)
         if type(text) is not str:
             return {**info, "route": "reference", "why": "not a str: the reference decides"}
         if self.rules is None:
