@@ -529,3 +529,17 @@ def test_gigatoken_instance_is_renewed():
         part = text[k:k + 30_000]
         assert list(tok.encode(part, add_special_tokens=False)) == ref_ids(tok, part, False)
     assert giga.renewals >= 2 and giga.native is not first
+
+
+def test_text_class_of_real_text():
+    """The router's text classes: prose and code (curly quotes and dashes included) are
+    'latin', text in other scripts 'other'."""
+    from dtok.tokenizer import text_class
+
+    for kind, name in (("prose", "gutenberg-2701_moby-dick.txt"),
+                       ("code", "go__fzf__src_pattern.go.txt")):
+        text = read_text(kind, name)
+        assert {text_class(text[i:i + 65536]) for i in range(0, len(text), 65536)} == {"latin"}
+    for name in ("udhr_cmn_hans.txt", "udhr_hin.txt", "udhr_rus.txt", "udhr_kor.txt"):
+        assert text_class(read_text("multilingual", name)) == "other", name
+    assert text_class("plain ascii") == "latin" and text_class("") == "latin"
