@@ -22,6 +22,9 @@ Hooks (names of vLLM 0.33; missing ones are skipped with a warning):
   key where the request is parsed, because vLLM itself resolves the session id only after
   rendering.
 
+``DTOK_LOOP_LAG=PATH``: an event-loop lag probe (:mod:`dtok.integrations.lag`) starts on the
+API server's loop at the first request and writes the lag and the stack of every stall there.
+
 Session key, first found: the body's ``session_id``, the ``X-Session-ID`` header, vLLM's
 ``vllm_xargs["session_id"]`` (the order of vLLM's own ``_get_session_id``), then the
 ``cache_salt``, then the request id (``X-Request-Id`` header, else the body's ``request_id``) up
@@ -46,7 +49,7 @@ import asyncio
 import logging
 import os
 
-from dtok.integrations import engine, patching
+from dtok.integrations import engine, lag, patching
 from dtok.integrations.engine import bound_key, encode_options
 
 log = logging.getLogger("dtok.vllm")
@@ -59,6 +62,7 @@ HOOK = engine.EngineHook(
 stats = HOOK.stats
 dtok_for = HOOK.dtok_for
 
+_LOOP_LAG = bool(os.environ.get("DTOK_LOOP_LAG"))  # see dtok.integrations.lag
 SESSION_ID_HEADER = "X-Session-ID"
 REQUEST_ID_HEADER = "X-Request-Id"
 
@@ -84,6 +88,8 @@ def session_key(request, raw_request=None, rid_separator: str | None = None) -> 
 
 
 async def _bind_request_key(orig, self, request, raw_request=None, *args, **kwargs):
+    if _LOOP_LAG:
+        lag.start_on_running_loop()
     with bound_key(session_key(request, raw_request)):
         return await orig(self, request, raw_request, *args, **kwargs)
 
