@@ -11,7 +11,7 @@ or Llama-3.1 architecture, the real tokenizer files, prefix caching) runs dtok's
 ``_tokenize_prompt``) or ``oracle`` (the reference's IDs of every prompt, computed before the
 run and looked up by the text's hash: tokenization at zero cost, the floor). So the modes are
 compared paired: one server, one cached prefix, one session per mode (same append lengths,
-different text), the modes' order rotated every turn.
+different text), the modes in a fresh random order every turn, ``--gap`` s apart.
 
 A workload: ``--repeats`` times, a fresh session per mode continues a corpus agent transcript
 of about ``--tokens`` tokens (``/v1/completions``: the rendered transcript; ``/v1/chat/
@@ -37,6 +37,7 @@ import json
 import os
 import pickle
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -56,7 +57,7 @@ from dtok.integrations.lag import percentile  # noqa: E402
 from ttft_switch import oracle_key  # noqa: E402
 
 SWITCH_DIR = Path(__file__).resolve().parent / "ttft_switch"
-CHARS_PER_TOKEN = 4.0  # Qwen3/Llama-3 on these transcripts (measured: ~4.1-4.3)
+MIN_CHARS_PER_TOKEN = 2.5  # a lower bound for these transcripts (code and logs: ~3)
 
 
 # --- workloads ---------------------------------------------------------------------------------
@@ -90,13 +91,15 @@ class Workload:
 
     def __init__(self, args, reference, hf, rng: random.Random, phase: str) -> None:
         self.api, self.keyed = args.api, not args.unkeyed
-        want = int(args.tokens * CHARS_PER_TOKEN)
-        found = transcripts(want + 20_000)
-        if not found:
-            raise SystemExit(f"no corpus transcript has {want} characters")
-        messages = found[0]
         style = detect_style(reference.get_vocab(with_added_tokens=True))
-        rendered = render_turns(messages, style)[-1]
+        for messages in transcripts(int(args.tokens * MIN_CHARS_PER_TOKEN)):
+            rendered = render_turns(messages, style)[-1]
+            enc = reference.encode(rendered[:args.tokens * 8 + 40_000], add_special_tokens=False)
+            if len(enc.ids) > args.tokens + 4_000:
+                break
+        else:
+            raise SystemExit(f"no corpus transcript has {args.tokens + 4_000} tokens")
+        want = enc.offsets[args.tokens][0]  # the text of about --tokens tokens
         tail_source = rendered[want:]  # the appends continue the transcript's text
         self.requests: dict[tuple[int, str], list[dict]] = {}
         for rep in range(args.repeats):
@@ -268,61 +271,80 @@ def lag_window(before: dict | None, after: dict | None, spans: list) -> dict:
 
 def run_phase(srv, work: Workload, reference_ids: dict, args, bursts: list[str] | None,
               lag_path: Path, log) -> dict:
-    """Every repeat's sessions, modes rotated per turn; TTFT per (repeat, mode, turn)."""
-    results = {m: [] for m in args.modes}  # warm turns only (turn >= 1)
-    paired: dict[str, list[float]] = {m: [] for m in args.modes}  # per round: mode - oracle
-    mismatches, spans = [], []
+    """Every repeat's sessions; TTFT per (repeat, turn, mode). Quiet: the modes take turns, in a
+    fresh random order every round (a fixed rotation would give each mode the same predecessor,
+    whose leftover work the next request pays). With bursts: blocks, one mode's whole session
+    at a time (the bursts of a block tokenized by that mode: a burst's tokenization delays the
+    requests after it, whatever their mode), the blocks of a repeat in random order."""
+    ttft: dict[tuple[int, int, str], float] = {}
+    mismatches, spans, raw = [], [], []
+    order_rng = random.Random(args.seed + rep_seed(work))
     before = lag_snapshot(lag_path)
     burst = Bursts(srv.url, bursts, args.burst_interval) if bursts else None
+
+    def one(rep: int, turn: int, mode: str) -> None:
+        req = work.requests[(rep, mode)][turn]
+        t_wall = time.time()
+        r = timed_request(srv.url, work.api, req["body"], mode,
+                          req["sid"] if work.keyed else None)
+        spans.append((t_wall, time.time(), mode))
+        if r["status"] != 200 or r["ttft"] is None:
+            raise RuntimeError(f"{mode} turn {turn}: HTTP {r['status']} {r.get('detail')!r}")
+        want = reference_ids[oracle_key(req["text"], req["special"])]
+        if r["ids"] != want:
+            first = next((i for i, (a, b) in enumerate(zip(r["ids"] or [], want)) if a != b),
+                         min(len(r["ids"] or []), len(want)))
+            mismatches.append({"mode": mode, "rep": rep, "turn": turn, "first_diff": first,
+                               "got": len(r["ids"] or []), "want": len(want)})
+            print(f"MISMATCH: {mismatches[-1]}", flush=True)
+        ttft[(rep, turn, mode)] = r["ttft"]
+        raw.append({"rep": rep, "turn": turn, "mode": mode,
+                    "ttft_ms": round(r["ttft"] * 1e3, 2), "tokens": len(want)})
+        time.sleep(args.gap)
+
     if burst:
         burst.__enter__()
     try:
         for rep in range(args.repeats):
-            for turn in range(args.turns + 1):
-                order = args.modes[(turn + rep) % len(args.modes):] + \
-                    args.modes[:(turn + rep) % len(args.modes)]
-                got = {}
-                for mode in order:
-                    req = work.requests[(rep, mode)][turn]
-                    if burst:
-                        burst.mode = mode
-                    t_wall = time.time()
-                    r = timed_request(srv.url, work.api, req["body"], mode,
-                                      req["sid"] if work.keyed else None)
-                    spans.append((t_wall, time.time(), mode))
-                    if r["status"] != 200 or r["ttft"] is None:
-                        raise RuntimeError(f"{mode} turn {turn}: HTTP {r['status']} "
-                                           f"{r.get('detail')!r}")
-                    want = reference_ids[oracle_key(req["text"], req["special"])]
-                    if r["ids"] != want:
-                        first = next((i for i, (a, b) in enumerate(zip(r["ids"] or [], want))
-                                      if a != b), min(len(r["ids"] or []), len(want)))
-                        mismatches.append({"mode": mode, "rep": rep, "turn": turn,
-                                           "first_diff": first, "got": len(r["ids"] or []),
-                                           "want": len(want)})
-                        print(f"MISMATCH: {mismatches[-1]}", flush=True)
-                    got[mode] = r["ttft"]
-                    if turn >= 1:
-                        results[mode].append(r["ttft"])
-                if turn >= 1 and "oracle" in got:
-                    for m in args.modes:
-                        paired[m].append(got[m] - got["oracle"])
+            if burst is None:
+                for turn in range(args.turns + 1):
+                    for mode in order_rng.sample(args.modes, len(args.modes)):
+                        one(rep, turn, mode)
+            else:
+                for mode in order_rng.sample(args.modes, len(args.modes)):
+                    burst.mode = mode
+                    time.sleep(args.burst_interval)  # the last block's bursts finish
+                    for turn in range(args.turns + 1):
+                        one(rep, turn, mode)
             log(f"    repeat {rep}: " + ", ".join(
-                f"{m} {statistics.median(results[m][-args.turns:]) * 1e3:.0f}"
+                f"{m} {statistics.median(ttft[(rep, t, m)] for t in range(1, args.turns + 1)) * 1e3:.0f}"
                 for m in args.modes) + " ms (warm medians)")
     finally:
         if burst:
             burst.__exit__(None, None, None)
     time.sleep(1.5)  # the probe writes every second
     lag = lag_window(before, lag_snapshot(lag_path), spans)
+    warm = [(rep, t) for rep in range(args.repeats) for t in range(1, args.turns + 1)]
+    results = {m: [ttft[(rep, t, m)] for rep, t in warm] for m in args.modes}
+    paired = {m: [ttft[(rep, t, m)] - ttft[(rep, t, "oracle")] for rep, t in warm]
+              for m in args.modes if m != "oracle"}
     return {"ttft": {m: stats_of(v) for m, v in results.items()},
             "per_repeat_median_ms": {m: [round(statistics.median(
                 v[i * args.turns:(i + 1) * args.turns]) * 1e3, 1) for i in range(args.repeats)]
                 for m, v in results.items()},
-            "paired_minus_oracle": {m: stats_of(v) for m, v in paired.items() if m != "oracle"},
-            "mismatches": mismatches, "lag": lag,
-            "bursts": None if not burst else {"sent": burst.sent, "statuses": {
-                str(k): v for k, v in burst.statuses.items()}}}
+            "paired_minus_oracle": {m: stats_of(v) for m, v in paired.items()},
+            "paired_minus_oracle_per_repeat_ms": {m: [round(statistics.median(
+                v[i * args.turns:(i + 1) * args.turns]) * 1e3, 1) for i in range(args.repeats)]
+                for m, v in paired.items()},
+            "design": "blocks" if burst else "rounds",
+            "mismatches": mismatches, "lag": lag, "samples": raw,
+            "bursts": None if not burst else {"sent": burst.sent, "of": len(bursts),
+                                              "statuses": {str(k): v for k, v in
+                                                           burst.statuses.items()}}}
+
+
+def rep_seed(work: Workload) -> int:
+    return len(work.requests) * 7919 + (0 if work.keyed else 1)
 
 
 def stats_of(samples: list[float]) -> dict:
@@ -358,6 +380,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--modes", nargs="*", default=["vllm", "dtok", "oracle"])
     ap.add_argument("--burst-interval", type=float, default=1.5)
+    ap.add_argument("--gap", type=float, default=0.1,
+                    help="seconds between two timed requests (the server settles)")
     ap.add_argument("--burst-chars", type=int, default=1_000_000)
     ap.add_argument("--no-bursts", action="store_true")
     ap.add_argument("--server-env", action="append", default=[],
@@ -366,6 +390,7 @@ def main() -> int:
     ap.add_argument("--server-arg", action="append", default=[],
                     help="an extra vllm serve argument (e.g. --api-server-count=2)")
     ap.add_argument("--seed", type=int, default=17)
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs)")
     args = ap.parse_args()
     if "oracle" not in args.modes:
         args.modes.append("oracle")
@@ -390,7 +415,7 @@ def main() -> int:
     phases = ["quiet"] + ([] if args.no_bursts else ["bursts"])
     works = {p: Workload(args, reference, hf, rng, p) for p in phases}
     n_bursts = 0 if args.no_bursts else int(
-        args.repeats * (args.turns + 1) * len(args.modes) * 0.9 / args.burst_interval) + 8
+        args.repeats * (args.turns + 2) * len(args.modes) * 1.0 / args.burst_interval) + 8
     docs = burst_documents(n_bursts, args.burst_chars, rng) if n_bursts else []
     log(f"workload: {args.api}, {'keyed' if not args.unkeyed else 'unkeyed'}, "
         f"~{args.tokens} tokens, {args.turns} warm turns x {args.repeats} repeats x "
@@ -437,13 +462,25 @@ def main() -> int:
         for mode in ("oracle", "dtok", "vllm"):
             r = timed_request(srv.url, works["quiet"].api, warm["body"], mode, None)
             log(f"warm-up ({mode}): HTTP {r['status']}, {r['ttft']:.2f} s")
+            if r["status"] != 200:
+                raise RuntimeError(f"warm-up failed: {r.get('detail')!r}")
         time.sleep(3)  # dtok builds in the background on the event loop's first request
         for phase, work in works.items():
             log(f"phase {phase}")
             lag_file = Path(str(lag_path).replace("{pid}", str(_api_pid(srv, tmp))))
+            calls_before = len(get_json(srv.url, "/ttft_switch")["timings"])
             out["phases"][phase] = run_phase(srv, work, reference_ids, args,
                                              docs if phase == "bursts" else None, lag_file, log)
             res = out["phases"][phase]
+            # dtok's own time inside the server: keyed calls (the sessions' turns) of this phase
+            timings = get_json(srv.url, "/ttft_switch")["timings"][calls_before:]
+            keyed = sorted(ms for ms, _chars, is_keyed in timings if is_keyed)
+            res["dtok_hook_ms"] = {"keyed_calls": len(keyed),
+                                   "median_ms": keyed[len(keyed) // 2] if keyed else None,
+                                   "p99_ms": keyed[min(len(keyed) - 1,
+                                                       int(0.99 * len(keyed)))] if keyed else None}
+            log(f"  dtok's hook inside the server (keyed calls, turn 0 included): median "
+                f"{res['dtok_hook_ms']['median_ms']} ms, P99 {res['dtok_hook_ms']['p99_ms']} ms")
             for m in args.modes:
                 t = res["ttft"][m]
                 log(f"  {m:7s} warm TTFT median {t['median_ms']:6.1f} ms, P99 "
@@ -454,7 +491,7 @@ def main() -> int:
             lag = res["lag"]
             if "p99_ms" in lag:
                 log(f"  loop lag P99 {lag['p99_ms']} ms, max {lag['max_ms']} ms, "
-                    f"{lag['stalls']} stalls > 5 ms ({lag['dtok_stalls']} with dtok frames, "
+                    f"{lag['stalls']} stalls > 5 ms ({lag['dtok_stalls']} in dtok code, "
                     f"{lag['native_stalls']} in native code; by mode {lag['stalls_by_mode']})")
         try:
             out["server"]["counters"] = get_json(srv.url, "/ttft_switch")
@@ -462,12 +499,18 @@ def main() -> int:
             out["server"]["counters"] = f"{type(exc).__name__}: {exc}"
     finally:
         srv.stop()
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            log(f"kept {tmp}")
     counters = out["server"]["counters"]
     if isinstance(counters, dict):
         log(f"server counters: {counters['switch']}, dtok {counters['dtok']}")
     mismatches = sum(len(p["mismatches"]) for p in out["phases"].values())
+    variant = "".join("-" + "".join(c for c in item.lower() if c.isalnum())
+                      for item in args.server_env + args.server_arg)
     name = f"ttft-{args.model}-{args.api}-{'unkeyed' if args.unkeyed else 'keyed'}-" \
-           f"{args.tokens // 1000}k{'-quick' if args.quick else ''}.json"
+           f"{args.tokens // 1000}k{variant}{'-quick' if args.quick else ''}.json"
     log(f"wrote {write_json(name, out)}")
 
     def diff(phase: str, mode: str) -> str:

@@ -6,7 +6,8 @@ The request header ``X-TTFT-Mode`` picks who turns the prompt text into IDs in v
 * ``vllm``: vLLM's own ``_tokenize_prompt`` (the function dtok's hook wraps), in vLLM's executor;
 * ``oracle``: a zero-cost tokenizer: the reference's IDs of every prompt, computed by the bench
   before the run (``DTOK_TTFT_ORACLE``: a pickle of {sha1(text) + special flag: list of IDs}),
-  looked up by the text's hash, in the same executor call as ``vllm``. A text not in the table
+  looked up by the text's hash, in the same executor call as ``vllm``, handed over as a fresh
+  list like vLLM's own. A text not in the table
   is tokenized by vLLM and counted as a miss.
 
 Everything else about a request is identical, so modes can be compared paired inside one
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import hashlib
 import os
 import pickle
@@ -38,7 +40,11 @@ def _table() -> dict:
         with _LOCK:
             if _TABLE is None:
                 with open(os.environ["DTOK_TTFT_ORACLE"], "rb") as f:
-                    _TABLE = pickle.load(f)
+                    table = pickle.load(f)
+                # millions of ints in long-lived lists: out of the collector's way, so that
+                # no full collection walks them during a measured request
+                gc.freeze()
+                _TABLE = table
     return _TABLE
 
 
@@ -51,7 +57,8 @@ def _oracle(self, prompt, params, original):
     max_length = kwargs.get("max_length")
     if kwargs.get("truncation") and max_length is not None and len(ids) > max_length:
         ids = ids[:max_length]  # right side; only over-long prompts, which vLLM then rejects
-    return {"prompt_token_ids": ids, **prompt}
+    # a fresh list, as vLLM's own _build_tokens_prompt hands over (and the table stays intact)
+    return {"prompt_token_ids": list(ids), **prompt}
 
 
 def _bind_mode(orig):
@@ -125,7 +132,7 @@ def _add_route() -> None:
         @app.get("/ttft_switch")
         async def counters():
             return {"pid": os.getpid(), "switch": dict(COUNTS), "dtok": dict(plugin.stats),
-                    "report": plugin.HOOK.report()}
+                    "report": plugin.HOOK.report(), "timings": list(plugin.HOOK.timings)}
 
         return app
 

@@ -35,12 +35,14 @@ half of a stored one continues it).
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import contextvars
 import json
 import logging
 import os
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -171,6 +173,8 @@ class EngineHook:
         self._refused: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._building: weakref.WeakSet = weakref.WeakSet()
+        #: (ms, characters, keyed) of the last answered calls (see :meth:`serve`)
+        self.timings: collections.deque = collections.deque(maxlen=4096)
         #: False: every hook passes through to the engine's own code (checks, operators)
         self.enabled = True
         if os.environ.get("DTOK_STATS_FILE") and not _HOOKS:
@@ -269,7 +273,11 @@ class EngineHook:
             tok = wrapper.dtok
             tokenizers.append({"path": str(tok.files.path), "encoder": tok.stats()["encoder"],
                                "sessions": tok.sessions.stats()})
+        ms = sorted(t[0] for t in self.timings)
+        took = {"calls": len(ms), "median_ms": ms[len(ms) // 2] if ms else None,
+                "max_ms": ms[-1] if ms else None}
         return {"engine": self.engine, "pid": os.getpid(), "stats": dict(self.stats),
+                "hook_time": took,
                 "tokenizers": tokenizers, "pools": self.pool_state()}
 
     def close(self) -> None:
@@ -328,6 +336,12 @@ class EngineHook:
 
     # --- the body of every hooked encode ------------------------------------------------------
 
+    def _took(self, t0: float, target) -> None:
+        # (ms, characters, keyed) of an answered call: from the hook's entry to the IDs handed
+        # on (awaited pool calls include the wait)
+        self.timings.append((round((time.perf_counter() - t0) * 1e3, 3), len(target[1]),
+                             target[3] is not None))
+
     def _target(self, call: Callable[[], Any], wait: bool):
         """(wrapper, text, options, key) when dtok answers: ``call()`` gave (the engine's
         tokenizer, text, :class:`EncodeOptions`) and dtok serves that tokenizer; else None."""
@@ -346,8 +360,11 @@ class EngineHook:
         inside the error guard: it returns (the engine's tokenizer, text, options) or None.
         ``wait=False``: a tokenizer dtok has not built yet is built in the background."""
         try:
+            t0 = time.perf_counter()
             target = self._target(call, wait)
             ids = None if target is None else self.encode(*target)
+            if ids is not None:
+                self._took(t0, target)
         except Exception as exc:  # noqa: BLE001 - never break serving
             self.error(exc)
             ids = None
@@ -369,7 +386,10 @@ class EngineHook:
             if target is not None and pooled_only and self.pool_route(
                     target[0], target[1], target[3]) is None:
                 target = None
+            t0 = time.perf_counter()
             ids = None if target is None else await self.encode_async(*target)
+            if ids is not None:
+                self._took(t0, target)
         except Exception as exc:  # noqa: BLE001 - never break serving
             self.error(exc)
             ids = None

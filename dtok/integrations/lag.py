@@ -7,8 +7,8 @@ millisecond measures its own lateness (the lag: a request waiting on the loop wa
 a watchdog thread takes the loop thread's stack once a beat is more than ``STALL_MS`` late, so
 each stall is named by what held the loop. Every second the probe writes PATH as JSON: beats,
 a lag histogram (cumulative, 0.1 ms bins up to 20 ms, 1 ms above; a reader diffs two snapshots
-for a window), the maximum, and the stalls (start time, duration, stack, whether a dtok frame is
-in it, or whether the loop was in native code: waiting for the GIL or in a C extension).
+for a window), the maximum, and the stalls (start time, duration, stack, whether its innermost frame is
+dtok's code, whether the loop was in native code: waiting for the GIL or in a C extension).
 """
 from __future__ import annotations
 
@@ -27,6 +27,11 @@ INTERVAL_S = 0.001
 _DTOK_FILES = 'File "' + os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _PROBE: "LoopLagProbe | None" = None
 _LOCK = threading.Lock()
+
+
+def _innermost_is_dtok(stack: list[str]) -> bool:
+    files = [line for line in stack if line.lstrip().startswith("File ")]
+    return bool(files) and _DTOK_FILES in files[-1]
 
 
 def _bin(lag_ms: float) -> int:
@@ -104,7 +109,8 @@ class LoopLagProbe:
                     self._pending = {
                         "t": round(time.time() - late_ms / 1000, 4),
                         "stack": [line.rstrip() for line in stack],
-                        "dtok": any(_DTOK_FILES in line for line in stack),
+                        # the loop was running dtok's code (its innermost Python frame)
+                        "dtok": _innermost_is_dtok(stack),
                         # the loop's top frame is the loop itself: it waited in native code
                         # (for the GIL, in a C extension), not in a Python callback
                         "native": bool(stack) and "run_until_complete" in stack[-1]}
