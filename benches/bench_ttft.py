@@ -368,6 +368,29 @@ def get_json(url: str, path: str) -> dict:
 # --- main ------------------------------------------------------------------------------------
 
 
+def table() -> None:
+    """Markdown rows of every bench-results/ttft-*.json (the README's table)."""
+    from common import RESULTS
+
+    for path in sorted(RESULTS.glob("ttft-*.json")):
+        d = json.loads(path.read_text())
+        a = d["args"]
+        name = " ".join([a["model"], a["api"], "unkeyed" if a["unkeyed"] else "keyed",
+                         f"{a['tokens'] // 1000}K", *a["server_env"], *a["server_arg"]])
+        for phase, res in d["phases"].items():
+            cells = []
+            for m in ("vllm", "dtok", "oracle"):
+                t, reps = res["ttft"][m], res["per_repeat_median_ms"][m]
+                cells.append(f"{t['median_ms']:.0f} / {t['p99_ms']:.0f} "
+                             f"[{', '.join(f'{x:.0f}' for x in reps)}]")
+            hook = res.get("dtok_hook_ms", {}).get("median_ms")
+            lag = res["lag"]
+            print(f"| {name} | {phase} | " + " | ".join(cells)
+                  + f" | {hook if hook is not None else 'n/a'} ms | {lag.get('p99_ms')} / "
+                  f"{lag.get('max_ms')} ms, {lag.get('dtok_stalls')} |"
+                  f" {sum(len(p['mismatches']) for p in d['phases'].values())} |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
@@ -391,7 +414,12 @@ def main() -> int:
                     help="an extra vllm serve argument (e.g. --api-server-count=2)")
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs)")
+    ap.add_argument("--table", action="store_true",
+                    help="print the README table's rows from bench-results/ and exit")
     args = ap.parse_args()
+    if args.table:
+        table()
+        return 0
     if "oracle" not in args.modes:
         args.modes.append("oracle")
     if not serve_setup.built():

@@ -22,6 +22,7 @@ import hashlib
 import os
 import pickle
 import threading
+import time
 
 MODE: contextvars.ContextVar[str] = contextvars.ContextVar("ttft_mode", default="dtok")
 HEADER = "X-TTFT-Mode"
@@ -72,8 +73,25 @@ def _bind_mode(orig):
     return create
 
 
+_GC_START = [0.0]
+
+
+def _gc_timer(phase: str, info: dict) -> None:
+    """Time the collector's passes in this process (per generation): a full collection walks
+    every tracked list, the prompts' ID lists included."""
+    if phase == "start":
+        _GC_START[0] = time.perf_counter()
+    else:
+        key = f"gc{info.get('generation')}"
+        COUNTS[key] = COUNTS.get(key, 0) + 1
+        COUNTS[key + "_ms"] = round(COUNTS.get(key + "_ms", 0.0)
+                                    + (time.perf_counter() - _GC_START[0]) * 1e3, 3)
+
+
 def install() -> None:
     from vllm.renderers.base import BaseRenderer
+
+    gc.callbacks.append(_gc_timer)
 
     from dtok.integrations import patching
 
@@ -83,11 +101,16 @@ def install() -> None:
     def tokenize_prompt(self, prompt, params, *args, **kwargs):
         mode = MODE.get()
         COUNTS[mode] = COUNTS.get(mode, 0) + 1
-        if mode == "oracle" and not args and not kwargs:
-            return _oracle(self, prompt, params, vllm_own)
-        if mode in ("vllm", "oracle"):
-            return vllm_own(self, prompt, params, *args, **kwargs)
-        return hooked(self, prompt, params, *args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            if mode == "oracle" and not args and not kwargs:
+                return _oracle(self, prompt, params, vllm_own)
+            if mode in ("vllm", "oracle"):
+                return vllm_own(self, prompt, params, *args, **kwargs)
+            return hooked(self, prompt, params, *args, **kwargs)
+        finally:  # the executor call's own time, per mode (the tokenizer's share)
+            key = f"{mode}_ms"
+            COUNTS[key] = round(COUNTS.get(key, 0.0) + (time.perf_counter() - t0) * 1e3, 3)
 
     BaseRenderer._tokenize_prompt = tokenize_prompt
 

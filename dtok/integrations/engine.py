@@ -381,12 +381,14 @@ class EngineHook:
         ``pooled_only``: only pool-routed prompts are answered here; the rest go to
         ``original()``, which is itself hooked (an executor call of the blocking hook), so they
         are not counted as passed through here."""
+        if pooled_only and config.pool_workers() < 1:
+            return await original()  # no pool: nothing for the loop to do, not even the checks
         try:
+            t0 = time.perf_counter()
             target = self._target(call, False)
             if target is not None and pooled_only and self.pool_route(
                     target[0], target[1], target[3]) is None:
                 target = None
-            t0 = time.perf_counter()
             ids = None if target is None else await self.encode_async(*target)
             if ids is not None:
                 self._took(t0, target)

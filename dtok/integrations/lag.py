@@ -89,8 +89,11 @@ class LoopLagProbe:
             self.hist[b] = self.hist.get(b, 0) + 1
             self.max_ms = max(self.max_ms, lag_ms)
             if self._pending is not None:
-                self._pending["ms"] = round(lag_ms, 2)
-                self.stalls.append(self._pending)
+                # the watchdog saw the loop silent; a stall only if this beat was late too
+                # (not when the loop slept past its timer)
+                if lag_ms >= STALL_MS:
+                    self._pending["ms"] = round(lag_ms, 2)
+                    self.stalls.append(self._pending)
                 self._pending = None
             self._last_beat = now
         self._due = now + INTERVAL_S
