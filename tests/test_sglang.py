@@ -15,6 +15,7 @@ from conftest import read_text, shared_path
 
 transformers = pytest.importorskip("transformers") if not os.environ.get("CI") else \
     __import__("transformers")
+from dtok.integrations import engine  # noqa: E402
 from dtok.integrations import sglang as hook  # noqa: E402
 
 
@@ -172,7 +173,7 @@ def test_install_patches_by_hand(monkeypatch):
 
     class TokenizerManager:
         async def _tokenize_one_request(self, obj):
-            calls.append(hook._KEY.get())
+            calls.append(engine.SESSION_KEY.get())
             return "ok"
 
     tm_mod = types.ModuleType("sglang.srt.managers.tokenizer_manager")
