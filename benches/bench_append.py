@@ -12,22 +12,34 @@ texts whole (``encode(text).ids``) on a sample of the appends (``--ref-samples``
 loop: a reference encode between two timed appends would evict the caches and slow the next
 append (at 16K it tripled its time). Every sampled dtok result is compared with the reference.
 Also reports the session's memory: ID bytes per 100K tokens (the text itself is the caller's string).
+
+    python benches/bench_append.py --patterns [--sizes 100000 1000000] [--repeats 3]
+
+measures the appends as a server lives them instead (:mod:`patterns`): results dropped, held
+and held as lists, with hot caches and cold ones (a memory sweep, the reference's 1M encode on
+another thread and on the calling thread, 64 sessions interleaved), dtok in process next to
+fastokens alone encoding the whole text (what a user would run instead), with the allocator tax
+that the calling thread pays after the reference's encode, and the bytes a turn reads and writes.
 """
 from __future__ import annotations
 
 import argparse
 import json
-from array import array
+import os
+import statistics
 import sys
 import time
+from array import array
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import SHARED, corpus, header, machine, summary, write_json  # noqa: E402
+import patterns  # noqa: E402
 
 import dtok  # noqa: E402
 from dtok.chat import detect_style, render_turns  # noqa: E402
+from dtok_ext.shm import str_nbytes  # noqa: E402
 
 
 def stream(tok: dtok.Tokenizer, n: int) -> str:
@@ -60,9 +72,14 @@ def main() -> None:
     ap.add_argument("--encoder", default="auto", choices=["reference", "auto", "fast"])
     ap.add_argument("--ref-samples", type=int, default=10,
                     help="appends checked against (and timed with) the reference, per size")
+    ap.add_argument("--patterns", action="store_true",
+                    help="results held/dropped/lists, hot and cold caches (see patterns.py)")
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     info = machine()
     print(header(info))
+    if args.patterns:
+        return patterns_main(args, info, "append")
     rows = []
     for name in args.tokenizers:
         base = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name, encoder=args.encoder)
@@ -115,6 +132,75 @@ def main() -> None:
             rows.append({"tokenizer": name, "flatness_1M_over_16K": flat})
     path = write_json(f"append-{args.encoder}.json", {"machine": info, "args": vars(args), "rows": rows})
     print("wrote", path)
+
+
+def turn_bytes(tok: dtok.Tokenizer, kind: str, src: str, size: int, turns: int = 5) -> dict:
+    """What a turn reads and writes, from the plan of each (untimed): text bytes compared,
+    characters encoded (new text, and old text re-encoded to place seams), IDs written (after
+    the first that differs from the previous request's)."""
+    key, text, at = "bytes", src[:size], size
+    last = tok.encode(text, session=key).tolist()
+    rows = []
+    for _ in range(turns):
+        before, text, at = patterns.next_turn(kind, text, src, at)
+        for t in before:
+            last = tok.encode(t, session=key).tolist()
+        e = tok.explain(text, session=key)
+        ids = tok.encode(text, session=key).tolist()
+        same = next((i for i, (a, b) in enumerate(zip(last, ids)) if a != b),
+                    min(len(last), len(ids)))
+        width = str_nbytes(text) // max(1, len(text))  # PEP 393: 1, 2 or 4 bytes a character
+        rows.append({"text_bytes_compared": 2 * width * e.get("common_prefix", 0),
+                     "fresh_chars": e.get("fresh_chars", 0),
+                     "old_chars_reencoded": e.get("old_text_reencoded", 0),
+                     "ids_written": len(ids) - same, "ids": len(ids)})
+        last = ids
+    out = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    print(f"  per {kind} turn at {size:,}: compares {out['text_bytes_compared'] / 1e6:.1f} MB of "
+          f"text, encodes {out['fresh_chars']:.0f} new + {out['old_chars_reencoded']:.0f} old "
+          f"characters, writes {out['ids_written']:,.0f} IDs; session {out['ids']:,.0f} IDs "
+          f"({4 * out['ids'] / 1e6:.1f} MB)", flush=True)
+    return out
+
+
+def patterns_main(args, info: dict, kind: str) -> None:
+    """The ``--patterns`` tables (also used by bench_edits.py)."""
+    import tokenizers
+
+    os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
+    results = {"machine": info, "args": vars(args), "rows": [], "allocator_tax_ms": {},
+               "turn_bytes": []}
+    bad = []
+    for name in args.tokenizers:
+        path = SHARED / "tokenizers" / name
+        tok = dtok.Tokenizer.from_file(path, threads=1, content_lookup=False,
+                                       session_bytes=1 << 31)
+        ref = tok.reference
+        cold = patterns.Cold(tokenizers.Tokenizer.from_file(str(path / "tokenizer.json")))
+        fast = tok.encoder if tok.encoder.name != "reference" else None
+
+        def check(view, text):
+            if list(view) != ref.encode(text).ids:
+                bad.append((name, len(text)))
+
+        encoders = {"dtok": lambda t, k, as_list: (tok.encode_list(t, session=k) if as_list
+                                                   else tok.encode(t, session=k))}
+        if fast is not None:  # what a user runs instead: the whole text, every turn
+            encoders[f"{fast.name} whole"] = lambda t, k, as_list: (
+                fast.encode(t).tolist() if as_list else fast.encode(t))
+        src = stream(tok, max(args.sizes) + 1_000_000)  # patterns.take wraps around
+        taxes = [cold.allocator_tax() for _ in range(5)]
+        results["allocator_tax_ms"][name] = taxes
+        print(f"# {name}: allocator tax after the reference's 1M encode on this thread: median "
+              f"{statistics.median(taxes):.2f} ms [{min(taxes):.2f}-{max(taxes):.2f}] (240 mallocs)")
+        for size in args.sizes:
+            results["turn_bytes"].append({"tokenizer": name, "size": size,
+                                          **turn_bytes(tok.with_knobs(), kind, src, size)})
+            results["rows"] += patterns.table(name, encoders, kind, src, size,
+                                              min(args.appends, 40), args.repeats, cold, check)
+    print(f"exact: {'yes' if not bad else 'NO ' + str(bad[:5])}")
+    results["exact"] = not bad
+    print("wrote", write_json(f"{kind}-patterns.json", results))
 
 
 if __name__ == "__main__":

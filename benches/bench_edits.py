@@ -21,6 +21,12 @@
 
 Every result is checked against the reference (complete ID sequences). Writes
 bench-results/edits.json.
+
+    python benches/bench_edits.py --patterns [--sizes 100000 1000000] [--repeats 3]
+
+measures the edit of (2) as a server lives it instead (:mod:`patterns`, as
+``bench_append.py --patterns``): 20K characters removed 30K before the end and 400 appended, each
+turn, results dropped, held and held as lists, hot and cold caches, 64 sessions interleaved.
 """
 from __future__ import annotations
 
@@ -132,9 +138,18 @@ def main() -> None:
     ap.add_argument("--encoders", nargs="*", default=["fast", "reference"])
     ap.add_argument("--files", nargs="*", default=["llama3", "deepseek-v3", "gpt-oss"])
     ap.add_argument("--variants", type=int, default=40)
+    ap.add_argument("--patterns", action="store_true",
+                    help="results held/dropped/lists, hot and cold caches (see patterns.py)")
+    ap.add_argument("--sizes", type=int, nargs="*", default=[100_000, 1_000_000])
+    ap.add_argument("--tokenizers", nargs="*", default=["qwen3", "llama3"])
+    ap.add_argument("--appends", type=int, default=40, help="--patterns: turns per cell")
     args = ap.parse_args()
     info = machine()
     print(header(info))
+    if args.patterns:
+        from bench_append import patterns_main
+
+        return patterns_main(args, info, "edit")
     prose, code = texts()
     hf = qwen3_template()
     bad = []

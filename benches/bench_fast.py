@@ -11,15 +11,18 @@ Each (tokenizer, mode) runs in a fresh process with FASTOKENS_BPE_THREADS=1 (unl
 
 * ``single``: dtok with ``threads=1`` next to fastokens alone (its own instance, one call on the
   whole text);
-* ``single+others``: the same, with gigatoken and the reference's ``encode_batch_fast`` also
-  loaded and called in the rotation (a process that holds several encoders);
+* ``single+others``: the same, with gigatoken 0.10.0, basetenkenizer 0.2.8, toktier 0.3.0
+  (loaded offline: a manifest entry with ``local_dir`` and the SHA-256s toktier ships, its
+  artifact store filled by ``LocalDirectorySource``) and the reference's ``encode_batch_fast``
+  also loaded, each its own instance, and called in the rotation; every peer's output is
+  compared with the reference's and its wrong outputs printed (``# WRONG``);
 * ``2 threads``, ``2 threads+others``: dtok with its default threads (2 here), against the same
   single-threaded peers.
 
 For every kind of text (prose, code, multilingual, adversarial: the adversarial corpus files
-concatenated) distinct documents (an even number) are encoded by every encoder: the peers
-first, then dtok and fastokens in alternating order, so that each of the two comes right after
-the others equally often; every call on a fresh copy of the text and after a pause
+concatenated) distinct documents (an even number) are encoded by every encoder, in a rotation
+that shifts by one per document and reverses every other one, so that no encoder always runs
+right after the same one; every call on a fresh copy of the text and after a pause
 (``--pause-ms``, 20 by default: requests spaced out in time; what ran just before matters,
 through encoder threads and glibc's heap: ``--order-only`` measures that itself; 0: back to
 back); dtok's IDs are compared with the reference's. Printed: medians, P99, the per-document ratio dtok / fastokens (median and
@@ -70,32 +73,85 @@ def timed(fn):
     return time.perf_counter() - t0, out
 
 
-def peers(path: Path, with_others: bool) -> dict:
-    """The encoders dtok is compared with, each loaded on its own: fastokens alone always;
-    with ``with_others`` also gigatoken and the reference's ``encode_batch_fast`` (the same
-    process then holds every encoder, as a serving process trying several would)."""
+def _toktier(name: str, path: Path):
+    """toktier 0.3.0, offline: a manifest entry with ``local_dir`` and the SHA-256s toktier
+    ships for the file (only the files the shared copy has), its artifact store filled by
+    ``LocalDirectorySource`` (no hub), then loaded with ``TOKTIER_OFFLINE=1``; CPU only."""
+    import tempfile
+    from importlib.resources import files
+
+    os.environ.setdefault("TOKTIER_HOME", tempfile.mkdtemp(prefix="dtok-bench-toktier-"))
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import toktier
+    from toktier.artifacts.manifest import ArtifactManifest
+    from toktier.artifacts.sources import LocalDirectorySource
+    from toktier.artifacts.store import ArtifactStore
+    from toktier.config import Config
+
+    family = TOKTIER_FAMILIES[name]
+    shipped = json.loads((files("toktier.artifacts.tables") / "artifact_manifest.v1.json")
+                         .read_text())
+    entry = dict(shipped[family], local_dir=str(path))
+    entry["files"] = {k: v for k, v in entry["files"].items() if (path / k).exists()}
+    manifest = ArtifactManifest.from_mapping({family: entry}, source="dtok bench")
+    ArtifactStore(manifest, config=Config.resolve(), source=LocalDirectorySource()).ensure(family)
+    os.environ["TOKTIER_OFFLINE"] = "1"
+    tt = toktier.load(family, manifest=manifest, device="cpu", config=Config.resolve())
+    return lambda d: tt.encode(d, add_special_tokens=False)
+
+
+TOKTIER_FAMILIES = {"qwen3": "qwen3_8b", "llama3": "llama_3_1_8b", "deepseek-v3": "deepseek_v3",
+                    "gpt-oss": "gpt_oss_120b"}
+# each peer's output as a list of IDs (outside the timed call)
+AS_LIST = {
+    "fastokens": lambda out: memoryview(out).cast("I").tolist(),
+    "gigatoken": lambda out: out.tolist(),
+    "basetenkenizer": lambda out: list(out.ids),
+    "toktier": lambda out: list(out.ids),
+    "hf batch_fast": lambda out: out[0].ids,
+}
+
+
+def peers(path: Path, with_others: bool, name: str = "") -> dict:
+    """The encoders dtok is compared with, each loaded on its own (its own instance): fastokens
+    alone always; with ``with_others`` also gigatoken, basetenkenizer, toktier (offline) and
+    the reference's ``encode_batch_fast`` (the same process then holds every encoder, as a
+    serving process trying several would). A peer that cannot be loaded is named and left out."""
     import fastokens
 
     raw = path.joinpath("tokenizer.json").read_text(encoding="utf-8")
     ft = fastokens.Tokenizer.from_json_str(raw)
     out = {"fastokens": lambda d: ft.encode_batch_flat([d], add_special_tokens=False)[0]}
-    if with_others:
+    if not with_others:
+        return out
+
+    def gigatoken_():
+        import gigatoken
+
+        gt = gigatoken.Tokenizer.from_json(raw)
+        return lambda d: gt.encode(d)
+
+    def basetenkenizer_():
+        import basetenkenizer
+
+        bt = basetenkenizer.Tokenizer.from_file(str(path / "tokenizer.json"))
+        return lambda d: bt.encode(d, add_special_tokens=False)
+
+    for label, make in (("gigatoken", gigatoken_), ("basetenkenizer", basetenkenizer_),
+                        ("toktier", lambda: _toktier(name, path))):
         try:
-            import gigatoken
-
-            gt = gigatoken.Tokenizer(str(path / "tokenizer.json"))
-            out["gigatoken"] = lambda d: gt.encode(d)
+            out[label] = make()
         except Exception as exc:  # not installed, or refuses the file
-            print(f"# gigatoken not measured: {exc!r}"[:200], flush=True)
-        from tokenizers import Tokenizer as HF
+            print(f"# {label} not measured: {exc!r}"[:300], flush=True)
+    from tokenizers import Tokenizer as HF
 
-        hf = HF.from_str(raw)
-        out["hf batch_fast"] = lambda d: hf.encode_batch_fast([d], add_special_tokens=False)
+    hf = HF.from_str(raw)
+    out["hf batch_fast"] = lambda d: hf.encode_batch_fast([d], add_special_tokens=False)
     return out
 
 
 def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
-              pause_ms: float = PAUSE_MS) -> list[dict]:
+              pause_ms: float = PAUSE_MS, hot: bool = False) -> list[dict]:
     import dtok
 
     threads = 1 if mode.startswith("single") else None
@@ -104,7 +160,7 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
                                    **({"threads": threads} if threads else {}))
     assert tok.encoder.name == "fastokens", tok.stats()
     ref = tok.reference
-    others = peers(SHARED / "tokenizers" / name, with_others)
+    others = peers(SHARED / "tokenizers" / name, with_others, name)
     encoders = {"dtok": lambda d: tok.encode(d, add_special_tokens=False), **others}
     # Warm every encoder's word cache on other text first (a serving process is warm).
     for kind in KINDS:
@@ -122,27 +178,46 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
                      for doc in docs[:-1]]
             wall = {k: [] for k in encoders}
             cpu = {k: [] for k in encoders}
-            exact = True
+            wrong: dict[str, list[int]] = {k: [] for k in encoders}
+            labels = list(encoders)
             for i, (doc, want) in enumerate(zip(docs[:-1], wants)):
-                # The peers that are not compared run first; dtok and fastokens follow, in
-                # alternating order, so that each comes right after the others' calls equally
-                # often (what ran just before matters: see --order-only).
-                pair = [(k, encoders[k]) for k in ("dtok", "fastokens")]
-                order = [(k, f) for k, f in encoders.items() if k not in ("dtok", "fastokens")]
-                order += pair if i % 2 == 0 else pair[::-1]
-                for label, fn in order:
+                # Every encoder in a rotation that shifts by one per document and reverses
+                # every other document, so that no encoder always runs right after the same
+                # one (what ran just before matters: see --order-only).
+                order = labels[i % len(labels):] + labels[:i % len(labels)]
+                if i % 2:
+                    order.reverse()
+                for label in order:
+                    fn = encoders[label]
                     # a fresh copy each time, as a request's text arrives: encoders that read
                     # a str as UTF-8 cache that form inside the str object, which would let
                     # whoever comes second skip the transcoding
                     fresh = (doc + " ")[:-1]
+                    if hot:  # the same document just before: caches (word, pre-token) hot
+                        fn((doc + " ")[:-1])
                     time.sleep(pause_ms / 1e3)  # the previous encoder's threads settle (--order)
                     c0, t0 = time.process_time(), time.perf_counter()
-                    got = fn(fresh)
+                    try:
+                        got = fn(fresh)
+                    except BaseException as exc:  # a Rust panic is a BaseException
+                        if isinstance(exc, KeyboardInterrupt):
+                            raise
+                        got = exc
                     wall[label].append(time.perf_counter() - t0)
                     cpu[label].append(time.process_time() - c0)
-                    if label == "dtok":
-                        exact &= list(got) == want
+                    if isinstance(got, BaseException):
+                        wrong[label].append((i, -1, f"raised {got!r}"[:120]))
+                        continue
+                    ids = list(got) if label == "dtok" else AS_LIST[label](got)
+                    if ids != want:
+                        first = next((k for k, (a, b) in enumerate(zip(ids, want)) if a != b),
+                                     min(len(ids), len(want)))
+                        snippet = ascii(ref.decode(want[max(0, first - 3):first + 3]))[:120]
+                        wrong[label].append((i, first, snippet))
+            exact = not wrong["dtok"]
             row = {"tokenizer": name, "mode": mode, "kind": kind, "chars": size, "exact": exact,
+                   "wrong": {k: [i for i, _, _ in v] for k, v in wrong.items() if v},
+                   "docs": len(wants), "hot": hot,
                    "wall": {k: summary(v) for k, v in wall.items()},
                    "cpu": {k: summary(v) for k, v in cpu.items()},
                    "routes": tok.explain(docs[0]).get("chunk_routes")}
@@ -150,13 +225,28 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
             per_doc = sorted(a / b for a, b in zip(wall["dtok"], wall["fastokens"]))
             row["dtok_over_fastokens"] = {"median": statistics.median(per_doc),
                                           "min": per_doc[0], "max": per_doc[-1]}
+            for peer in labels[2:]:
+                r = sorted(a / b for a, b in zip(wall["dtok"], wall[peer]))
+                row[f"dtok_over_{peer}"] = {"median": statistics.median(r), "min": r[0],
+                                            "max": r[-1]}
             rows.append(row)
-            cells = "  ".join(f"{k} {row['wall'][k]['median_ms']:7.2f}" for k in encoders)
+            cells = "  ".join(f"{k} {row['wall'][k]['median_ms']:7.2f}"
+                              + (f" WRONG {len(wrong[k])}/{len(wants)}" if wrong[k] else "")
+                              for k in encoders)
+            peer_ratios = "".join(
+                f"  dtok/{peer} {row[f'dtok_over_{peer}']['median']:.2f} "
+                f"[{row[f'dtok_over_{peer}']['min']:.2f}-{row[f'dtok_over_{peer}']['max']:.2f}]"
+                for peer in labels[2:])
             r = row["dtok_over_fastokens"]
             print(f"{name:12s} {mode:16s} {kind:12s} {size:>9,}  {cells} ms  dtok/fastokens "
                   f"{r['median']:.2f} [{r['min']:.2f}-{r['max']:.2f}] (cpu "
                   f"{row['cpu']['dtok']['median_ms'] / row['cpu']['fastokens']['median_ms']:.2f})"
-                  f"  p99 dtok {row['wall']['dtok']['p99_ms']:.2f}  exact={exact}", flush=True)
+                  f"  p99 dtok {row['wall']['dtok']['p99_ms']:.2f}  exact={exact}{peer_ratios}",
+                  flush=True)
+            for label, bad in wrong.items():
+                for i, first, snippet in bad:
+                    print(f"#   WRONG {label} on {kind} document {i}: first differing ID at "
+                          f"{first}; text there {snippet}", flush=True)
     if mode.endswith("+others"):
         return rows
     # A guarded document: whole-call fallback vs fallback confined to one stretch.
@@ -276,6 +366,11 @@ def run_memory(name: str, encoder: str) -> dict:
 
         native = fastokens.Tokenizer.from_file(str(path / "tokenizer.json"))
         encode, label = (lambda d: native.encode_batch_flat([d])), encoder
+    elif encoder == "gigatoken alone":
+        import gigatoken
+
+        gt = gigatoken.Tokenizer.from_json((path / "tokenizer.json").read_text())
+        encode, label = (lambda d: gt.encode(d)), encoder
     elif encoder == "tokenizers alone":
         from tokenizers import Tokenizer as HF
 
@@ -291,8 +386,8 @@ def run_memory(name: str, encoder: str) -> dict:
 
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     cold = memory()
-    doc = documents("prose", 1_000_000, 1)[0]
-    encode(doc)
+    for kind in ("prose", "code", "multilingual"):  # three 1M encodes, as issue 19 measured
+        encode(documents(kind, 1_000_000, 1)[0])
     warm = memory()
     return {"tokenizer": name, "encoder": label, "before_import": cold0,
             "cold": cold, "warm_after_1M": warm}
@@ -300,7 +395,8 @@ def run_memory(name: str, encoder: str) -> dict:
 
 def child(args) -> None:
     if args.child == "speed":
-        rows = run_speed(args.tokenizers[0], args.mode, args.sizes, args.repeats, args.pause_ms)
+        rows = run_speed(args.tokenizers[0], args.mode, args.sizes, args.repeats, args.pause_ms,
+                         args.hot)
     elif args.child == "breakdown":
         rows = run_breakdown(args.tokenizers[0], args.repeats)
     elif args.child == "order":
@@ -322,6 +418,9 @@ def main() -> None:
     ap.add_argument("--pause-ms", type=float, default=PAUSE_MS,
                     help="pause before each timed call: 20 = requests spaced out in time (the "
                          "other core idles in between), 0 = back to back")
+    ap.add_argument("--hot", action="store_true",
+                    help="each timed call right after an untimed call on the same document "
+                         "(every cache hot); default: each document new to every encoder")
     ap.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
     ap.add_argument("--child", choices=["speed", "memory", "breakdown", "order"],
                     help=argparse.SUPPRESS)
@@ -340,7 +439,8 @@ def main() -> None:
         jobs += [("order", n, "single") for n in args.tokenizers]
     if not (args.breakdown_only or args.order_only or args.speed_only):
         jobs += [("memory", n, e) for n in args.tokenizers
-                 for e in ("reference", "auto", "fastokens alone", "tokenizers alone")]
+                 for e in ("reference", "auto", "fastokens alone", "gigatoken alone",
+                           "tokenizers alone")]
     for kind, name, mode in jobs:
         env = dict(os.environ)
         # fastokens' own BPE threads off everywhere: dtok divides a text across its threads
@@ -348,6 +448,7 @@ def main() -> None:
         env.setdefault("FASTOKENS_BPE_THREADS", "1")
         cmd = [sys.executable, __file__, "--child", kind, "--mode", mode, "--tokenizers", name,
                "--repeats", str(args.repeats), "--pause-ms", str(args.pause_ms),
+               *(["--hot"] if args.hot else []),
                "--sizes", *map(str, args.sizes)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         for line in proc.stdout.splitlines():
@@ -360,7 +461,7 @@ def main() -> None:
         if kind == "memory":
             r = rows[-1]
             print(f"memory {name:12s} {r['encoder']:16s} cold RSS {r['cold']['VmRSS']} MiB "
-                  f"PSS {r['cold'].get('Pss')} MiB; after 1M chars RSS {r['warm_after_1M']['VmRSS']}"
+                  f"PSS {r['cold'].get('Pss')} MiB; after three 1M encodes RSS {r['warm_after_1M']['VmRSS']}"
                   f" MiB PSS {r['warm_after_1M'].get('Pss')} MiB peak {r['warm_after_1M']['VmHWM']} MiB",
                   flush=True)
     path = write_json("fast-memory.json" if args.memory_only else

@@ -19,7 +19,16 @@
 3. ``--transfer``: the old comparison, back to back, with a pool written for it that pickles
    the transcript and the ID list through a ``multiprocessing`` pipe (the paper's pool design).
 
-Writes bench-results/pool.json.
+``--hold dropped|held|list_held`` sets how the sweep's caller holds results (``held``: the
+previous view alive while the next turn is encoded, as ``ids = pool.encode(...)`` in a loop).
+
+    python benches/bench_pool.py --patterns [--size 1000000] [--repeats 3]
+
+measures the pool against in process for appends and edits in every calling pattern and cache
+state of :mod:`patterns` (plus ``local_between``: an in-process encode between two pool calls),
+with the pool's stage breakdown per cell.
+
+Writes bench-results/pool.json (pool-patterns.json).
 """
 from __future__ import annotations
 
@@ -37,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ["FASTOKENS_BPE_THREADS"] = "1"  # before fastokens is used: one encoder thread
 
 from common import SHARED, corpus, header, machine, summary, write_json  # noqa: E402
+import patterns  # noqa: E402
 
 import dtok  # noqa: E402
 
@@ -48,8 +58,9 @@ def _append_stream(src: str, size: int, n: int):
     return [src[: size + (i + 1) * 400] for i in range(n)]
 
 
-def _run_block(fn, texts, gaps_s, trace_out=None):
+def _run_block(fn, texts, gaps_s, trace_out=None, hold="dropped"):
     lat = []
+    held = None
     next_at = time.perf_counter()
     for text, gap in zip(texts, gaps_s):
         next_at += gap
@@ -62,12 +73,17 @@ def _run_block(fn, texts, gaps_s, trace_out=None):
         lat.append(t1 - t0)
         if trace_out is not None:
             trace_out.append(time.monotonic())
-        del out
+        if hold == "dropped":
+            del out
+        else:
+            held = out  # the previous result stays alive while the next one is encoded
         next_at = max(next_at, t1)
+    del held
     return lat
 
 
-def sweep(tok, pool, src: str, size: int, spacings, requests: int, repeats: int, check):
+def sweep(tok, pool, src: str, size: int, spacings, requests: int, repeats: int, check,
+          hold: str = "dropped"):
     rows = []
     for spacing in spacings:
         reps = []
@@ -83,11 +99,16 @@ def sweep(tok, pool, src: str, size: int, spacings, requests: int, repeats: int,
             lat = {"pool": [], "in_process": []}
             pool.trace = []
             returned: list[float] = []
+            listed = hold == "list_held"
+            on_pool = pool.encode_list if listed else pool.encode
+            on_local = local.encode_list if listed else local.encode
             for b in range(0, requests, BLOCK):
-                lat["pool"] += _run_block(lambda t: pool.encode(t, session=key),
-                                          texts[b : b + BLOCK], gaps[b : b + BLOCK], returned)
-                lat["in_process"] += _run_block(lambda t: local.encode(t, session=key),
-                                                texts[b : b + BLOCK], gaps[b : b + BLOCK])
+                lat["pool"] += _run_block(lambda t: on_pool(t, session=key),
+                                          texts[b : b + BLOCK], gaps[b : b + BLOCK], returned,
+                                          hold)
+                lat["in_process"] += _run_block(lambda t: on_local(t, session=key),
+                                                texts[b : b + BLOCK], gaps[b : b + BLOCK],
+                                                hold=hold)
             check(pool.encode(texts[-1], session=key), texts[-1])
             check(local.encode(texts[-1], session=key), texts[-1])
             stages = _stages(pool.trace[: len(returned)], returned)
@@ -193,13 +214,15 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--transfer", action="store_true")
+    ap.add_argument("--hold", default="dropped", choices=patterns.PATTERNS)
+    ap.add_argument("--patterns", action="store_true")
     args = ap.parse_args()
     info = machine()
     print(header(info))
     print(f"# arrivals: Poisson (exponential gaps), one client; {args.requests} appends of 400 "
           f"characters per spacing and repeat, session of {args.size:,} characters")
     path = str(SHARED / "tokenizers" / args.tokenizer)
-    tok = dtok.Tokenizer.from_file(path, content_lookup=False)
+    tok = dtok.Tokenizer.from_file(path, content_lookup=False, session_bytes=1 << 31)
     src = "".join(corpus("prose", p.name) for p in sorted((SHARED / "corpus" / "prose").iterdir()))
     while len(src) < args.size + (args.requests + 2) * 400 * 2:
         src += src
@@ -212,13 +235,56 @@ def main() -> None:
     with dtok.Pool(tok, workers=2, name="bench") as pool:
         print(f"# pool: {pool.n_workers} workers, encoder {pool.encoder_name}, "
               f"spin_us {pool.spin_us}, in process: {tok.encoder.name}")
-        rows = sweep(tok, pool, src, args.size, args.spacings, args.requests, args.repeats, check)
+        if args.patterns:
+            return patterns_pool(args, info, tok, pool, src, check, bad)
+        print(f"# results: {args.hold}")
+        rows = sweep(tok, pool, src, args.size, args.spacings, args.requests, args.repeats, check,
+                     args.hold)
         tr = transfer(tok, pool, path, src, args.size, 100) if args.transfer else None
         stats = pool.stats()
     print(f"exact: {'yes' if not bad else 'NO ' + str(bad)}")
     path_json = write_json("pool.json", {"machine": info, "args": vars(args), "sweep": rows,
                                          "transfer": tr, "pool_stats": stats, "exact": not bad})
     print("wrote", path_json)
+
+
+def patterns_pool(args, info, tok, pool, src, check, bad) -> None:
+    """The pool against in process in every pattern and cache state (see patterns.py)."""
+    import tokenizers
+
+    local = tok.with_knobs(threads=1)
+    other = dtok.Tokenizer.from_file(SHARED / "tokenizers" / args.tokenizer, content_lookup=False)
+    cold = patterns.Cold(tokenizers.Tokenizer.from_file(
+        str(SHARED / "tokenizers" / args.tokenizer / "tokenizer.json")), local=other.encode)
+    encoders = {
+        "pool": lambda t, k, as_list: (pool.encode_list(t, session=k) if as_list
+                                       else pool.encode(t, session=k)),
+        "in process": lambda t, k, as_list: (local.encode_list(t, session=k) if as_list
+                                             else local.encode(t, session=k)),
+    }
+    rows = []
+    while len(src) < args.size * 2:
+        src += src
+    for kind in ("append", "edit"):
+        pool.trace = []
+        rows += patterns.table("pool", encoders, kind, src, args.size, 40, args.repeats, cold,
+                               check, conditions=(*patterns.CONDITIONS, "local_between"))
+        st = _stages(pool.trace, [r[5] for r in pool.trace if len(r) == 6])
+        pool.trace = None
+        print(f"  pool stages, {kind} (median ms, all cells; caller return not traced): " +
+              ", ".join(f"{k} {v:.3f}" for k, v in st.items() if k != "view+return"), flush=True)
+        for r in rows:
+            if r["kind"] == kind:
+                r["pool_minus_in_process_ms"] = (r["pool"]["median_ms"]
+                                                 - r["in process"]["median_ms"],
+                                                 r["pool"]["p99_ms"] - r["in process"]["p99_ms"])
+    stats = pool.stats()
+    print(f"segments made {stats['session_segments_made']}, lists made {stats['lists_made']}, "
+          f"failovers {stats['failovers']}")
+    print(f"exact: {'yes' if not bad else 'NO ' + str(bad)}")
+    print("wrote", write_json("pool-patterns.json", {"machine": info, "args": vars(args),
+                                                     "rows": rows, "pool_stats": stats,
+                                                     "exact": not bad}))
 
 
 if __name__ == "__main__":

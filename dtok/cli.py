@@ -83,30 +83,47 @@ def _read_json(path: Path):
 
 
 class Progress:
-    """A one-line progress bar on stderr (a line every few seconds when not a terminal)."""
+    """A one-line progress bar on stderr while stderr is a terminal; nothing when it is piped
+    or redirected (a log gets the result lines only).
 
-    def __init__(self, total: int, label: str) -> None:
+    ``update(n)`` counts work done (characters, steps: ``unit`` says which); ``note(text)``
+    shows what is being done when there is no count."""
+
+    def __init__(self, total: int, label: str, unit: str = "M chars", scale: float = 1e6,
+                 stream=None) -> None:
         self.total, self.label, self.done = max(1, total), label, 0
-        self.tty = sys.stderr.isatty()
+        self.unit, self.scale = unit, scale
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
         self.last = 0.0
         self.start = time.monotonic()
+        self.shown = False
 
     def update(self, n: int) -> None:
         self.done += n
         now = time.monotonic()
-        if now - self.last < (0.1 if self.tty else 5.0) and self.done < self.total:
+        if not self.tty or (now - self.last < 0.1 and self.done < self.total):
             return
         self.last = now
         frac = min(1.0, self.done / self.total)
         bar = "#" * int(30 * frac)
-        line = (f"{self.label} [{bar:<30}] {100 * frac:5.1f}% "
-                f"{self.done / 1e6:.1f}/{self.total / 1e6:.1f} M chars {now - self.start:.0f} s")
-        sys.stderr.write(("\r" + line) if self.tty else (line + "\n"))
-        sys.stderr.flush()
+        self._show(f"{self.label} [{bar:<30}] {100 * frac:5.1f}% {self.done / self.scale:.1f}/"
+                   f"{self.total / self.scale:.1f} {self.unit} {now - self.start:.0f} s")
+
+    def note(self, text: str) -> None:
+        if self.tty:
+            self._show(f"{self.label}: {text} ({time.monotonic() - self.start:.0f} s)")
+
+    def _show(self, line: str) -> None:
+        self.stream.write("\r\x1b[K" + line)
+        self.stream.flush()
+        self.shown = True
 
     def close(self) -> None:
-        if self.tty:
-            sys.stderr.write("\n")
+        if self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.shown = False
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:
@@ -327,8 +344,14 @@ def cmd_bench(args) -> int:
     doc = (text * (1 + args.chars // max(1, len(text))))[: args.chars]
     ref = tok.reference
     print(f"# {tok!r}; {args.chars:,} chars; {args.repeats} repeats; medians (P99)")
-    t_ref = [_timed(lambda: ref.encode(doc).ids)[0] * 1e3 for _ in range(args.repeats)]
-    t_dtok = [_timed(lambda: tok.encode(doc))[0] * 1e3 for _ in range(args.repeats)]
+    progress = Progress(2 * args.repeats + args.appends + 2, "bench", "steps", 1)
+    t_ref, t_dtok = [], []
+    for _ in range(args.repeats):
+        t_ref.append(_timed(lambda: ref.encode(doc).ids)[0] * 1e3)
+        progress.update(1)
+        t_dtok.append(_timed(lambda: tok.encode(doc))[0] * 1e3)
+        progress.update(1)
+    progress.close()
     print(f"stateless: reference {statistics.median(t_ref):.1f} ms, dtok "
           f"{statistics.median(t_dtok):.1f} ms ({max(t_dtok):.1f}), "
           f"x{statistics.median(t_ref) / statistics.median(t_dtok):.1f}")
@@ -339,7 +362,9 @@ def cmd_bench(args) -> int:
     for i in range(args.appends):
         t = doc[: len(base) + (i + 1) * 400]
         t_app.append(_timed(lambda: session.encode(t, session="b"))[0] * 1e3)
+        progress.update(1)
     t_full = _timed(lambda: ref.encode(doc[: len(base) + args.appends * 400]).ids)[0] * 1e3
+    progress.close()
     p99 = sorted(t_app)[min(len(t_app) - 1, int(0.99 * len(t_app)))]
     print(f"session: {args.appends} appends of 400 chars to {len(base):,} chars: dtok "
           f"{statistics.median(t_app):.3f} ms ({p99:.3f}); a full reference encode {t_full:.1f} ms")
@@ -359,9 +384,10 @@ def cmd_guards(args) -> int:
     except FastEncoderError as exc:
         raise CliError(str(exc)) from None
     a = tok.admission
-    table = guards.build(tok.reference, fast, a.sha256,
-                         progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True),
+    progress = Progress(1, "guards")
+    table = guards.build(tok.reference, fast, a.sha256, progress=progress.note,
                          nfc_family=a.family if a.nfc else None)
+    progress.close()
     print(f"{len(table.disagree)} disagreeing code points; guard table written to {table.source}")
     return 0
 

@@ -8,7 +8,12 @@ through a :class:`ChunkEncoder`. Two exist:
 * :class:`FastEncoder`, ``fastokens`` (Apache-2.0), a native BPE encoder that reads the same
   ``tokenizer.json`` and returns IDs as one flat little-endian uint32 buffer, used zero-copy.
   It is trusted only behind guards (:mod:`dtok.guards`) and after its loaded vocabulary, added
-  tokens and post-processing are compared with the reference's.
+  tokens and post-processing are compared with the reference's;
+* :class:`GigaEncoder`, ``gigatoken`` (MIT), a second native BPE encoder, trusted the same way
+  behind its own guard tables (it classifies with Unicode 17 tables, the reference with
+  Unicode 16: its guards differ from fastokens'). Its pre-token cache has no bound in 0.10.0
+  and no public way to clear it, so dtok replaces the native instance after ``RENEW_CHARS``
+  characters (see :class:`GigaEncoder`).
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from typing import Protocol
 from dtok_ext.buffers import ids_from_list
 
 FASTOKENS_VERSION = "0.3.5"  # the version the guard tables and the verification were built for
+GIGATOKEN_VERSION = "0.10.0"
 STRETCH_CHARS = 65536  # reference stretches up to this size in all avoid the rayon pool
 
 # fastokens reads these at construction: a whole-input cache and a segment cache are cross-call
@@ -71,13 +77,21 @@ class FastEncoderError(RuntimeError):
     """fastokens is missing, another version, or does not load the file as the reference does."""
 
 
-def fastokens_version() -> str | None:
+def installed_version(package: str) -> str | None:
     try:
         from importlib.metadata import version
 
-        return version("fastokens")
+        return version(package)
     except Exception:
         return None
+
+
+def fastokens_version() -> str | None:
+    return installed_version("fastokens")
+
+
+def gigatoken_version() -> str | None:
+    return installed_version("gigatoken")
 
 
 @contextmanager
@@ -122,6 +136,70 @@ class FastEncoder:
             flat = memoryview(ids).cast("i")
         ends = memoryview(offsets).cast("Q")
         return [flat[ends[i]:ends[i + 1]] for i in range(len(texts))]
+
+
+class GigaEncoder:
+    """``gigatoken`` on the same file, checked against the reference at load.
+
+    gigatoken 0.10.0 keeps a pre-token cache per native instance that only grows (its issue
+    #36; the bound came after 0.10.0) and offers no way to bound or clear it. Each call's
+    characters are counted; once ``renew_chars`` have gone through one instance, the next call
+    builds a fresh one (from the reference's JSON; the old one is freed when its last call
+    returns), so the cache holds at most what ``renew_chars`` characters put there. Building
+    one takes ~0.5 s on Qwen3."""
+
+    name = "gigatoken"
+    RENEW_CHARS = 64 << 20
+
+    def __init__(self, raw_json: str, reference, renew_chars: int | None = None) -> None:
+        version = gigatoken_version()
+        if version is None:
+            raise FastEncoderError("gigatoken is not installed (pip install 'dtok[fast]')")
+        if version != GIGATOKEN_VERSION:
+            raise FastEncoderError(f"gigatoken {version} is installed; dtok's guards and checks "
+                                   f"are for {GIGATOKEN_VERSION}")
+        import gigatoken
+
+        self._gigatoken = gigatoken
+        self.reference = reference
+        self.version = version
+        self.renew_chars = renew_chars or self.RENEW_CHARS
+        self.renewals = 0
+        self._chars = 0
+        self.native = self._load(raw_json)
+        verify_giga(self.native, reference)
+
+    def _load(self, raw_json: str):
+        try:
+            return self._gigatoken.Tokenizer.from_json(raw_json)._backend
+        except Exception as exc:  # a file it does not support
+            raise FastEncoderError(f"gigatoken does not load this file: {exc}") from None
+
+    def _native(self, n: int):
+        self._chars += n  # racy across threads: a renewal a few calls late is harmless
+        if self._chars > self.renew_chars:
+            self._chars = n
+            self.native = self._load(self.reference.to_str())
+            self.renewals += 1
+        return self.native
+
+    def encode(self, text: str):
+        return memoryview(self._native(len(text)).encode(text).view("i4"))
+
+    def encode_many(self, texts: list[str]) -> list:
+        native = self._native(sum(map(len, texts)))
+        return [memoryview(native.encode(t).view("i4")) for t in texts]
+
+
+def verify_giga(native, reference) -> None:
+    """gigatoken's vocabulary size, and the sample text with every added token, match."""
+    n = reference.get_vocab_size(with_added_tokens=True)
+    if native.vocab_size != n:
+        raise FastEncoderError(f"vocabulary size {native.vocab_size} != reference {n}")
+    added = [t.content for t in reference.get_added_tokens_decoder().values()]
+    text = _SAMPLE + "".join(added) + " ".join(added)
+    if native.encode(text).tolist() != reference.encode(text, add_special_tokens=False).ids:
+        raise FastEncoderError("sample text encodes differently from the reference")
 
 
 def _swap(ids: bytes):  # pragma: no cover - big-endian hosts only

@@ -176,9 +176,17 @@ def plan_text(rules: CutRulesLike, old: str | None, anchors: Anchors | None, new
         plan = plan_continuation(rules, old, anchors, new, knobs)
         if plan.kind != "encode":
             return plan
+    # The grid inside each chunk: anchors every ``spacing`` characters from the first turn on,
+    # so that a later edit re-encodes at most about that much old text to place each seam.
+    chunks = [0, *chunk_cuts(new), len(new)]
+    cuts: list[int] = []
+    for a, b in zip(chunks, chunks[1:]):
+        if a:
+            cuts.append(a)
+        cuts += rules.grid(new, a, b, knobs.spacing, knobs.scan_budget)
     plan = Plan("encode", 0, len(new))
-    plan.ops.append(Fresh(0, len(new), chunk_cuts(new), 0))
-    bounds = [0, *plan.ops[0].cuts, len(new)]
+    plan.ops.append(Fresh(0, len(new), cuts, 0))
+    bounds = [0, *cuts, len(new)]
     plan.texts.extend(new[a:b] for a, b in zip(bounds, bounds[1:]))
     return plan
 

@@ -119,6 +119,11 @@ class KeptLists:
     def nbytes(self) -> int:
         return sum(lst.nbytes for lst in self._lists.values())
 
+    @property
+    def made(self) -> int:
+        """Lists made whole (neither updated in place nor from a spare)."""
+        return sum(lst.made for lst in self._lists.values())
+
 
 def _headroom(n: int) -> int:
     """Spare capacity after a splice: appends rarely reallocate, and at most ~6% is unused."""
@@ -236,6 +241,10 @@ class Entry:
     used: int = 0  # store clock at last use (content lookup prefers the most recent)
     unchanged: int = 0  # leading IDs (prefix included) the last request left as they were
     lists: KeptLists = field(default_factory=KeptLists)  # what encode_list handed out
+    # The buffer that was current before the last copy on write (a caller held a view of it),
+    # kept for the next one: its first ``spare_valid`` IDs still equal ``buf``'s.
+    spare: IdBuffer | None = None
+    spare_valid: int = 0
     end_key: tuple[int, int] | None = None  # content entries: (length, fingerprint)
     ckpt_keys: tuple[tuple[int, int], ...] = ()
 
@@ -298,7 +307,8 @@ class SessionStore:
         """Entries, bytes held, and what the requests did: ``repairs`` (the text extended the
         stored one), ``edits`` (IDs reused across a change that is not an append),
         ``full_encodes``, ``fallbacks`` (a continuation that could not be proven: encoded
-        whole)."""
+        whole); ``lists_made``: lists for ``encode_list`` built whole (the others were updated
+        in O(changed IDs)) by the sessions held now."""
         with self._lock:
             live = [e for e in self._lru if e.text is not None]
             return {"entries": len(self._lru), "keyed": len(self._keyed),
@@ -306,6 +316,7 @@ class SessionStore:
                     "text_bytes": sum(sys.getsizeof(e.text) for e in live),
                     "id_bytes": sum(e.buf.nbytes for e in live if e.buf is not None),
                     "anchor_bytes": sum(e.anchors.nbytes for e in live if e.anchors is not None),
+                    "lists_made": sum(e.lists.made for e in live),
                     **self._counts}
 
     def describe(self) -> dict[str, Any]:
@@ -420,6 +431,7 @@ class SessionStore:
                     kind = "fallbacks"
                 reused = 0
                 entry.buf = self._bodies.encode_whole(text, _headroom(len(text) // 3))
+                entry.spare = None
                 n_body = len(entry.buf) - len(self._bodies.prefix) - len(self._bodies.suffix)
                 entry.anchors = Anchors((0, len(text)), (0, n_body)) if text else Anchors()
                 entry.text = text
@@ -447,15 +459,39 @@ class SessionStore:
         total = p + outcome.n_body + s
         if entry.buf is None or plan.kind == "encode":
             buf = IdBuffer.concat(outcome.tail, b.prefix, b.suffix, _headroom(total // 3))
+            entry.spare = None
         else:
-            if plan.in_place and in_place:
-                old_body.release()  # only new IDs follow the kept ones: splice in place if no caller holds a view
-            # otherwise the tail holds slices of the old IDs (or old_body stays held for a
-            # borrowed buffer), so the splice copies on write
-            buf = entry.buf.splice(p + outcome.keep, outcome.tail, b.suffix, _headroom(total))
+            buf = self._splice(entry, old_body, p + outcome.keep, outcome.tail, in_place,
+                               _headroom(total))
         outcome.tail.clear()
         entry.buf, entry.text, entry.anchors = buf, text, anchors
         entry.unchanged = 0 if plan.kind == "encode" else p + outcome.keep
+
+    def _splice(self, entry: Entry, old_body: memoryview, keep: int, tail: list,
+                in_place: bool, headroom: int) -> IdBuffer:
+        """``entry.buf[:keep] + tail + suffix`` where it costs least and no caller's view
+        changes: in the buffer itself when no view of it is alive (the reused stretches in
+        ``tail``, slices of it, copied out first); else in the spare when no view of that is
+        alive (only what changed since it was current is copied); else in a new buffer, and
+        the old one becomes the spare. ``in_place`` False (a borrowed buffer that stays its
+        owner's): always a new buffer, nothing kept."""
+        buf, suffix = entry.buf, self._bodies.suffix
+        if not in_place:
+            return buf.splice(keep, tail, suffix, headroom)  # old_body is alive: a copy
+        if buf.exports == 1:  # only old_body: nobody else holds a view
+            tail[:] = [IdBuffer.concat((t,)) if isinstance(t, memoryview) and t.obj is buf else t
+                       for t in tail]
+            old_body.release()
+            if entry.spare is not None:
+                entry.spare_valid = min(entry.spare_valid, keep)
+            return buf.splice(keep, tail, suffix, headroom)
+        spare = entry.spare
+        if spare is not None and spare.exports == 0:
+            out = buf.splice_into(spare, entry.spare_valid, keep, tail, suffix, headroom)
+        else:
+            out = buf.splice(keep, tail, suffix, headroom)  # a caller holds buf: a copy
+        entry.spare, entry.spare_valid = buf, keep
+        return out
 
     def _result(self, entry: Entry, special: bool, as_list: bool) -> memoryview | list:
         """The entry's IDs for the caller: a view, or its kept list (caller holds its lock)."""
@@ -504,6 +540,7 @@ class SessionStore:
             self._remove(entry)
             return
         size = (sys.getsizeof(entry.text) + (entry.buf.nbytes if entry.buf is not None else 0)
+                + (entry.spare.nbytes if entry.spare is not None else 0)
                 + (entry.anchors.nbytes if entry.anchors is not None else 0)
                 + entry.lists.nbytes)
         self._bytes += size - entry.nbytes

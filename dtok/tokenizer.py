@@ -9,11 +9,12 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Hashable, Sequence
+from typing import Any, Hashable, NamedTuple, Sequence
 
 from dtok import guards, tables
 from dtok.admission import Admission, TokenizerFiles, admit, bundled_files, read_files
-from dtok.encoders import FastEncoder, FastEncoderError, ReferenceEncoder, fastokens_version
+from dtok.encoders import (FastEncoder, FastEncoderError, GigaEncoder, ReferenceEncoder,
+                           fastokens_version, gigatoken_version)
 from dtok.sessions import LOOKUP_MIN_CHARS, SessionStore, affixed_view, scoped_key
 from dtok_ext.buffers import IdBuffer, ids_from_list
 from dtok_ext.cuts import CutRules
@@ -44,6 +45,28 @@ ENCODERS = ("auto", "fast", "reference")
 COALESCE_GAP = 32
 # Below this many characters of work per thread, the chunks of a text are encoded in one call.
 PARALLEL_MIN_CHARS = 32768
+# The second fast encoder takes a text class when its guard table measured it at most this
+# fraction of fastokens' time on that class (a margin over the measurement's noise).
+SECOND_WINS = 0.9
+
+
+class Lane(NamedTuple):
+    """A fast encoder with the file's cut rules carrying its own guard characters."""
+
+    encoder: Any
+    rules: CutRules
+    nfc_by_fast: bool  # its guard table proves its NFC equals the reference's
+
+
+def text_class(piece: str) -> str:
+    """'latin' (about one UTF-8 byte per character: prose, code) or 'other' (multilingual
+    text), judged on a sample of the piece: the class the second encoder's speed was measured
+    on (``tools/build_guards.py --speed``)."""
+    if piece.isascii():
+        return "latin"
+    sample = piece[::61] if len(piece) > 4096 else piece
+    return "latin" if len(sample.encode("utf-8", "surrogatepass")) * 10 <= len(sample) * 11 \
+        else "other"
 
 
 def chunk_count(n: int, chunk_target: int, max_chunks: int) -> int:
@@ -143,25 +166,70 @@ class Tokenizer:
         # text NFC would change then goes to the fast encoder like any other. A private hook:
         # the control battery forces it on for an encoder the proof does not cover.
         self._nfc_by_fast = False
+        # gigatoken, behind its own guards: the encoder of the text classes where its guard
+        # table measured it faster (``_second_classes``), and of the stretches fastokens'
+        # guards send away that its guards let through (and the other way round).
+        self._second: Lane | None = None
+        self._second_classes: frozenset[str] = frozenset()
         self.encoder_notes: list[str] = []
         if self.admission.admitted:
             t = tables.load(self.admission.family)
             table = t.table
+            specials = SpecialMatcher(self.admission.added_tokens)
+            normalize = self.reference.normalizer.normalize_str if self.admission.nfc else None
             if self.knobs["encoder"] != "reference":
                 self._fast, guard = self._load_fast(files)
+                giga, giga_guard = self._load_giga(files, fast_loaded=self._fast is not None)
+                if self._fast is None and giga is not None:  # gigatoken is the only one
+                    self._fast, guard, giga = giga, giga_guard, None
                 if guard is not None:
                     self._nfc_by_fast = self.admission.nfc and guard.nfc_proven
                     table = guards.guarded_table(table, guard, self._nfc_by_fast)
-            self.rules = CutRules(
-                table, t.accept, SpecialMatcher(self.admission.added_tokens),
-                self.reference.normalizer.normalize_str if self.admission.nfc else None,
-            )
+                if giga is not None:
+                    nfc = self.admission.nfc and giga_guard.nfc_proven
+                    self._second = Lane(giga, CutRules(
+                        guards.guarded_table(t.table, giga_guard, nfc), t.accept, specials,
+                        normalize), nfc)
+                    self._second_classes = frozenset(
+                        c for c, r in giga_guard.speed.get("ratio", {}).items() if r <= SECOND_WINS)
+            self.rules = CutRules(table, t.accept, specials, normalize)
         elif self.knobs["encoder"] == "fast":
             raise FastEncoderError("encoder='fast' needs an admitted file: "
                                    + "; ".join(self.admission.reasons))
         self.files = files.released()  # the JSON bytes are not kept (see tokenizer_json)
         _release_free_heap()
         self._setup()
+
+    def _load_giga(self, files: TokenizerFiles, fast_loaded: bool
+                   ) -> tuple[GigaEncoder | None, "guards.GuardTable | None"]:
+        """gigatoken and its guard table, where a table was built and (next to fastokens) it
+        measured faster on some text class; else (None, None), with a note."""
+        version = gigatoken_version()
+        guard = guards.load(self.admission.sha256, version, "gigatoken") if version else None
+        if guard is None:
+            if version is not None:
+                self.encoder_notes.append("gigatoken: no guard table for this file and versions")
+            return None, None
+        if self.admission.nfc and not guard.nfc_proven:
+            # its NFC differs from the reference's even on text the reference leaves as it is
+            # (it reorders marks the reference does not), so the NFC check cannot protect it
+            self.encoder_notes.append("gigatoken: not used (its NFC is not proven for this file)")
+            return None, None
+        wins = sorted(c for c, r in guard.speed.get("ratio", {}).items() if r <= SECOND_WINS)
+        if fast_loaded and not wins:
+            self.encoder_notes.append("gigatoken: not loaded (its guard table measured it no "
+                                      f"faster than fastokens on any text class: {guard.speed})")
+            return None, None
+        try:
+            giga = GigaEncoder((files.raw or self.tokenizer_json()).decode("utf-8"),
+                               self.reference)
+        except FastEncoderError as exc:
+            self.encoder_notes.append(f"gigatoken refused: {exc}")
+            return None, None
+        self.encoder_notes.append(
+            f"gigatoken {giga.version}, guard table {guard.source} ({len(guard.disagree)} "
+            f"disagreeing code points + unassigned); text classes: {wins or 'all'}")
+        return giga, guard
 
     def _load_fast(self, files: TokenizerFiles
                    ) -> tuple[FastEncoder | None, "guards.GuardTable | None"]:
@@ -204,7 +272,7 @@ class Tokenizer:
         self.ref_encoder = ReferenceEncoder(self.reference)
         use_fast = self._fast is not None and self.knobs["encoder"] != "reference"
         self.encoder = self._fast if use_fast else self.ref_encoder
-        self._pieces = {"fast": 0, "reference": 0}
+        self._pieces = {"fast": 0, "reference": 0, "second": 0}
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
         self.bodies = Bodies(self)
@@ -241,6 +309,7 @@ class Tokenizer:
         clone.files, clone.reference, clone.admission = self.files, self.reference, self.admission
         clone.rules, clone._fast = self.rules, self._fast
         clone._nfc_by_fast = self._nfc_by_fast
+        clone._second, clone._second_classes = self._second, self._second_classes
         clone.encoder_notes = list(self.encoder_notes)
         clone.knobs = merged
         clone._setup()
@@ -378,14 +447,26 @@ class Tokenizer:
             if batch:
                 return [[ids] for ids in self.ref_encoder.encode_many(pieces)]
             return [[ids] for ids in self._map(self.ref_encoder.encode, pieces)]
-        fast, slow = [], []  # (slot, sub-text)
+        main = self._lane()
+        lanes = [main] if self._second is None else [main, self._second]
+        by_lane: list[list] = [[] for _ in lanes]  # (slot, sub-text) for each fast encoder
+        slow = []
         owner = []  # slot -> piece index
         for i, piece in enumerate(pieces):
-            for a, b, why in self._segments(piece):
-                (fast if why is None else slow).append((len(owner), piece[a:b]))
+            k = 1 if len(lanes) > 1 and text_class(piece) in self._second_classes else 0
+            for a, b, why in self._segments(piece, lanes[k]):
+                if why is not None and len(lanes) > 1:  # the other fast encoder may take it
+                    other = lanes[1 - k]
+                    if other.rules.route(piece, a, b, nfc=not other.nfc_by_fast)[0] == 0:
+                        by_lane[1 - k].append((len(owner), piece[a:b]))
+                        owner.append(i)
+                        continue
+                (by_lane[k] if why is None else slow).append((len(owner), piece[a:b]))
                 owner.append(i)
-        self._count(fast=len(fast), reference=len(slow))
-        calls = [(self.encoder.encode_many, g) for g in self._groups(fast)]
+        self._count(fast=len(by_lane[0]), reference=len(slow),
+                    second=len(by_lane[1]) if len(lanes) > 1 else 0)
+        calls = [(lane.encoder.encode_many, g)
+                 for lane, items in zip(lanes, by_lane) for g in self._groups(items)]
         calls += [(self.ref_encoder.encode_stretches, g) for g in self._groups(slow, batch)]
         results: list = [None] * len(owner)
         pending = []
@@ -422,29 +503,36 @@ class Tokenizer:
             size += len(item[1])
         return [grp for grp in groups if grp]
 
-    def _count(self, fast: int = 0, reference: int = 0) -> None:
+    def _count(self, fast: int = 0, reference: int = 0, second: int = 0) -> None:
         with self._executor_lock:
             self._pieces["fast"] += fast
             self._pieces["reference"] += reference
+            self._pieces["second"] += second
 
-    def _segments(self, piece: str) -> list[tuple[int, int, str | None]]:
+    def _lane(self) -> Lane:
+        """The main fast encoder with its rules (read at each call: the controls replace them)."""
+        return Lane(self.encoder, self.rules, self._nfc_by_fast)
+
+    def _segments(self, piece: str, lane: Lane | None = None
+                  ) -> list[tuple[int, int, str | None]]:
         """[(start, end, why)] covering the piece: why is None for stretches the fast encoder
-        may take, else why the stretch goes to the reference. Stretches start and end at safe
-        cuts, so their IDs concatenate to the piece's; stretches closer than COALESCE_GAP
-        characters are merged (one piece for the reference instead of three)."""
-        check_nfc = self.rules.nfc and not self._nfc_by_fast
-        kind, _ = self.rules.route(piece, nfc=check_nfc)
+        (of ``lane``: the main one by default) may take, else why the stretch goes elsewhere.
+        Stretches start and end at safe cuts, so their IDs concatenate to the piece's; stretches
+        closer than COALESCE_GAP characters are merged (one piece instead of three)."""
+        rules, nfc_by_fast = (self.rules, self._nfc_by_fast) if lane is None else lane[1:]
+        check_nfc = rules.nfc and not nfc_by_fast
+        kind, _ = rules.route(piece, nfc=check_nfc)
         if kind == 0:
             return [(0, len(piece), None)]
         spans = [(a, b, f"guard character U+{ord(piece[a]):04X} at {a}")
-                 for a, b in self.rules.guard_spans(piece)]
+                 for a, b in rules.guard_spans(piece)]
         if check_nfc:
             spans += [(a, c, f"not NFC at {a}") for a, c in self._unstable(piece)]
         if not spans:
             return [(0, len(piece), None)]
         spans.sort()
-        stretches = self.rules.isolate(piece, [(a, b) for a, b, _ in spans],
-                                       self.knobs["scan_budget"][-1])
+        stretches = rules.isolate(piece, [(a, b) for a, b, _ in spans],
+                                  self.knobs["scan_budget"][-1])
         merged: list[list[int]] = []
         for a, b in stretches:
             if merged and a - merged[-1][1] < COALESCE_GAP:
@@ -533,6 +621,9 @@ class Tokenizer:
             "encoder": self.encoder.name,
             "cuts": [],
         }
+        if self._second is not None:  # chunk_routes' "fast" is then either fast encoder
+            info["second_encoder"] = self._second.encoder.name
+            info["second_classes"] = sorted(self._second_classes)
         if type(text) is not str:
             return {**info, "route": "reference", "why": "not a str: the reference decides"}
         if self.rules is None:
@@ -588,7 +679,10 @@ class Tokenizer:
     def stats(self) -> dict[str, Any]:
         """The encoder in use, why, and how many pieces each encoder took so far."""
         return {"encoder": self.encoder.name, "notes": list(self.encoder_notes),
-                "fast_pieces": self._pieces["fast"], "reference_pieces": self._pieces["reference"]}
+                "second_encoder": self._second.encoder.name if self._second else None,
+                "second_classes": sorted(self._second_classes),
+                "fast_pieces": self._pieces["fast"], "reference_pieces": self._pieces["reference"],
+                "second_pieces": self._pieces["second"]}
 
     def __repr__(self) -> str:
         a = self.admission

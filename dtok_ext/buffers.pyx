@@ -106,6 +106,36 @@ cdef class IdBuffer:
         out.length = keep + _fill(out.data + keep, parts, (), tuple(suffix))
         return out
 
+    def splice_into(self, IdBuffer dst not None, Py_ssize_t valid, Py_ssize_t keep, parts,
+                    suffix=(), Py_ssize_t headroom=0):
+        """self[:keep] + parts... + suffix written into ``dst``, whose first ``valid`` IDs
+        already equal self's (only self[valid:keep] is copied): the copy on write of a session
+        whose caller holds a view of self, into the buffer it held before. Returns dst.
+
+        >>> a = IdBuffer.concat([[1, 2, 3, 4]])
+        >>> b = a.splice(4, [[5]], headroom=8)    # no view alive: in place, b is a
+        >>> spare = IdBuffer.concat([[1, 2, 9]])  # an older state that shares [1, 2]
+        >>> list(memoryview(b.splice_into(spare, 2, 3, [[7]])))
+        [1, 2, 3, 7]
+        """
+        cdef Py_ssize_t total = keep + len(suffix)
+        if dst is self:
+            raise ValueError("splice_into needs another buffer")
+        if keep < 0 or keep > self.length or valid < 0 or valid > dst.length:
+            raise ValueError("keep or valid out of range")
+        if dst.exports:
+            raise BufferError("cannot write an IdBuffer while a view of it is alive")
+        for p in parts:
+            total += len(p)
+        if total > dst.capacity:
+            dst.reserve(total + headroom)
+        if valid > keep:
+            valid = keep
+        if keep > valid:
+            memcpy(dst.data + valid, self.data + valid, (keep - valid) * sizeof(int))
+        dst.length = keep + _fill(dst.data + keep, parts, (), tuple(suffix))
+        return dst
+
     def view(self, Py_ssize_t start=0, stop=None):
         """Read-only memoryview of self[start:stop]."""
         cdef Py_ssize_t end = self.length if stop is None else stop
@@ -214,8 +244,11 @@ cdef class IdList:
     many leading IDs did not change since the last update. The list handed out last time is
     updated in place when nobody else holds it any more (its reference count) and its first
     ``keep`` items are still the ones handed out (a pointer comparison with a private copy, at
-    memory speed: a holder that changed it and let go is caught); otherwise a new list is made
-    from the private copy. A list held elsewhere never changes.
+    memory speed: a holder that changed it and let go is caught). A caller that holds the last
+    list while asking for the next one (``ids = encode_list(...)`` in a loop) gets the list it
+    held before, the *spare*, brought up to date from where it last agreed (``spare_valid``)
+    when nobody holds that one; otherwise a new list is made from the private copy. A list
+    held elsewhere never changes.
 
     >>> from array import array
     >>> il = IdList()
@@ -227,28 +260,44 @@ cdef class IdList:
     >>> c = il.update(memoryview(array("i", [1, 2, 4, 5, 6])), 4)
     >>> c == [1, 2, 4, 5, 6], il.in_place
     (True, 1)
+    >>> d = il.update(memoryview(array("i", [1, 2, 4, 5, 6, 7])), 5)  # `c` held: the spare
+    >>> d is not c, d == [1, 2, 4, 5, 6, 7], c == [1, 2, 4, 5, 6], il.from_spare
+    (True, True, True, 1)
+    >>> del c  # as ``ids = encode_list(...)`` in a loop lets go of the list before the last
+    >>> e = il.update(memoryview(array("i", [1, 2, 4, 5, 6, 7, 8])), 6)  # `d` held: c's list
+    >>> e == [1, 2, 4, 5, 6, 7, 8], d == [1, 2, 4, 5, 6, 7], il.from_spare
+    (True, True, 2)
     """
 
     cdef list truth  # private: never handed out
     cdef object out  # the list handed out last
+    cdef object spare  # the one handed out before it
+    cdef Py_ssize_t spare_valid  # its leading items that still equal truth's
     cdef readonly Py_ssize_t in_place  # updates done in place (for tests and stats)
+    cdef readonly Py_ssize_t from_spare  # updates done in the spare
+    cdef readonly Py_ssize_t made  # lists built whole (O(all IDs))
 
     def __cinit__(self):
         self.truth = []
         self.out = None
+        self.spare = None
+        self.spare_valid = 0
         self.in_place = 0
+        self.from_spare = 0
+        self.made = 0
 
     @property
     def nbytes(self):
-        """Bytes held: the two lists' item arrays and the int objects (28-32 bytes each)."""
+        """Bytes held: the lists' item arrays and the int objects (28-32 bytes each)."""
         n = len(self.truth)
-        return n * (8 + 32) + (n * 8 if self.out is not None else 0)
+        return n * (8 + 32) + (n * 8 if self.out is not None else 0) \
+            + (len(self.spare) * 8 if self.spare is not None else 0)
 
     def update(self, ids, Py_ssize_t keep):
         cdef const int[::1] view = ids
-        cdef Py_ssize_t n = view.shape[0], n_prev = len(self.truth), j
+        cdef Py_ssize_t n = view.shape[0], n_prev = len(self.truth), j, valid
         cdef list truth = self.truth
-        cdef list out
+        cdef list out, spare
         if keep > n_prev:
             keep = n_prev
         if keep > n:
@@ -257,14 +306,35 @@ cdef class IdList:
         truth.extend([view[j] for j in range(keep, n)])
         out = self.out
         self.out = None
+        spare = self.spare
+        self.spare = None
+        valid = min(self.spare_valid, keep)
         # only `out` (the local) refers to the list now, if nobody else holds it
-        if (out is not None and (<PyObject*>out).ob_refcnt == 1 and len(out) == n_prev
-                and memcmp((<PyListObject*>out).ob_item, (<PyListObject*>truth).ob_item,
-                           keep * sizeof(PyObject*)) == 0):
+        if _unchanged(out, truth, n_prev, keep):
             del out[keep:]
             out.extend(truth[keep:])
             self.in_place += 1
+            self.spare, self.spare_valid = spare, valid
         else:
-            out = list(truth)
+            if _unchanged(spare, truth, -1, valid):  # the caller holds `out`: its spare
+                del spare[valid:]
+                spare.extend(truth[valid:])
+                self.from_spare += 1
+            else:
+                spare = list(truth)
+                self.made += 1
+            if out is not None:
+                self.spare, self.spare_valid = out, keep
+            out = spare
         self.out = out
         return out
+
+
+cdef bint _unchanged(object lst, list truth, Py_ssize_t length, Py_ssize_t keep):
+    """``lst`` is held by nobody but the caller's one local (a borrowed argument adds no
+    reference), has ``length`` items (-1: any) and its first ``keep`` items are truth's (pointer
+    comparison)."""
+    return (lst is not None and (<PyObject*>lst).ob_refcnt == 1 and
+            (length < 0 or len(lst) == length) and len(lst) >= keep and
+            memcmp((<PyListObject*>lst).ob_item, (<PyListObject*>truth).ob_item,
+                   keep * sizeof(PyObject*)) == 0)

@@ -235,3 +235,17 @@ def ref_ids_many(tok, texts: list[str], add_special_tokens: bool = True) -> list
     """The reference answers for many texts (``encode_batch``: same as ``encode`` each, on all
     cores)."""
     return [e.ids for e in tok.reference.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+
+def next_turn(rng, src: str, text: str) -> str:
+    """A session's next text, drawn with ``rng``: an append (half the time), a return to an
+    earlier point with something else after it, or a region in the middle removed and something
+    appended (the shapes of agent turns and reasoning templates), new text taken from ``src``."""
+    r = rng.random()
+    start = rng.randrange(0, len(src) - 2000)
+    if r < 0.5:
+        return text + src[start : start + rng.randint(1, 600)]
+    if r < 0.75:
+        return text[: rng.randint(len(text) // 2, len(text))] + src[start : start + 400]
+    a = rng.randint(len(text) // 3, len(text) // 2)
+    return text[:a] + text[a + rng.randint(1, 3000):] + src[start : start + 300]

@@ -112,3 +112,38 @@ def test_errors_are_one_line(tmp_path, args, message):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("dtok: error:") and message in lines[0]
+
+
+def test_long_commands_are_quiet_when_piped(tmp_path):
+    """verify, bench and guards show progress on a terminal only: piped, stderr stays empty."""
+    f = tmp_path / "a.txt"
+    f.write_text(read_text("prose", "gutenberg-2701_moby-dick.txt")[:200_000], encoding="utf-8",
+                 newline="")
+    for args in (("verify", str(f)), ("bench", "--chars", "100000", "--repeats", "1",
+                                       "--appends", "3")):
+        out = run(*args)
+        assert out.returncode == 0 and out.stdout and out.stderr == "", (args, out.stderr)
+
+
+def test_progress_on_a_terminal_is_one_line_rewritten():
+    class Tty:
+        def __init__(self):
+            self.text = ""
+
+        def isatty(self):
+            return True
+
+        def write(self, s):
+            self.text += s
+
+        def flush(self):
+            pass
+
+    tty = Tty()
+    p = cli.Progress(1000, "verify", stream=tty)
+    p.update(500)
+    p.note("probing")
+    p.update(500)
+    p.close()
+    assert tty.text.count("\r") >= 2 and tty.text.endswith("\n") and tty.text.count("\n") == 1
+    assert "verify [" in tty.text and "100.0%" in tty.text and "verify: probing" in tty.text

@@ -51,7 +51,8 @@ def test_real_text_differential(name):
     ]
     for text, want in zip(texts, ref_ids_many(tok, texts)):
         assert list(tok.encode(text)) == want
-    assert tok.stats()["fast_pieces"] > 10
+    stats = tok.stats()  # the fast encoders' pieces (gigatoken's where it measured faster)
+    assert stats["fast_pieces"] + stats["second_pieces"] > 10
 
 
 def nfc_checked(tok: dtok.Tokenizer) -> dtok.Tokenizer:
@@ -390,3 +391,155 @@ def test_route_scan_matches_a_plain_loop(name):
             else:
                 merged.append((a, b))
         assert rules.guard_spans(text, start, end) == merged
+
+
+# --- gigatoken: the second fast encoder behind its own guards --------------------------------
+
+def _need_gigatoken():
+    from dtok.encoders import gigatoken_version
+
+    if gigatoken_version() is None:
+        if os.environ.get("CI"):
+            pytest.fail("gigatoken (the test extra) must be installed in CI")
+        pytest.skip("gigatoken not installed")
+
+
+def giga_table(tok: dtok.Tokenizer) -> guards.GuardTable:
+    from dtok.encoders import gigatoken_version
+
+    guard = guards.load(tok.admission.sha256, gigatoken_version(), "gigatoken")
+    assert guard is not None, f"no gigatoken guard table for {tok.files.path}"
+    return guard
+
+
+def with_giga(tok: dtok.Tokenizer, classes=("latin", "other"), guarded: bool = True,
+              renew_chars: int | None = None) -> dtok.Tokenizer:
+    """A clone whose second lane is gigatoken, taking ``classes`` (all: every piece goes to it
+    first). ``guarded=False`` is the control's private hook: gigatoken's guards switched off
+    (no guard character at all, its NFC taken as proven), so it gets every piece whole."""
+    from dtok.encoders import GigaEncoder
+    from dtok.tokenizer import Lane
+    from dtok_ext.cuts import CutRules
+
+    guard = giga_table(tok)
+    fam = dtok.tables.load(tok.admission.family)
+    nfc = tok.admission.nfc and guard.nfc_proven
+    if guarded:
+        table = guards.guarded_table(fam.table, guard, nfc)
+    else:
+        table = bytes(c & ~dtok.tables.FAST_GUARD for c in fam.table)
+        nfc = True
+    normalize = tok.reference.normalizer.normalize_str if tok.admission.nfc else None
+    clone = tok.with_knobs()
+    clone._second = Lane(GigaEncoder(tok.tokenizer_json().decode(), tok.reference, renew_chars),
+                         CutRules(table, fam.accept, tok.rules.specials, normalize), nfc)
+    clone._second_classes = frozenset(classes)
+    return clone
+
+
+def giga_adversarial(tok: dtok.Tokenizer, n: int = 40, seed: int = 3) -> list[str]:
+    """Adversarial corpus windows with the code points gigatoken's probes disagree on (and, for
+    an NFC file, the mark pairs its NFC gets wrong) inserted: text that needs its guards."""
+    import random
+
+    from battery import CORPUS_WINDOWS, FRAGMENTS
+
+    guard = giga_table(tok)
+    spots = [chr(c) for c in guard.disagree] or FRAGMENTS
+    rng = random.Random(seed)
+    out = []
+    for j in range(n):
+        src = read_text(*CORPUS_WINDOWS[j % len(CORPUS_WINDOWS)])
+        start = rng.randrange(max(1, len(src) - 3000))
+        text = src[start:start + rng.randint(500, 3000)]
+        for _ in range(rng.randint(4, 12)):
+            k = rng.randrange(len(text) + 1)
+            text = text[:k] + rng.choice(spots) * rng.randint(1, 2) + text[k:]
+        out.append(text)
+    return out
+
+
+@pytest.mark.parametrize("name", MAIN_FILES)
+def test_gigatoken_guard_tables_ship(name):
+    """Every tested file has a gigatoken guard table for these versions, with the probes'
+    results and the speed measurement the router reads."""
+    _need_gigatoken()
+    tok = load_tokenizer(name)
+    guard = giga_table(tok)
+    assert guard.encoder == "gigatoken" and guard.checked["code_points"] > 1_100_000
+    assert guard.speed["ratio"].keys() == {"latin", "other"}
+    if tok.admission.nfc:
+        assert guard.nfc["probes"]["pairs"] > 10_000_000
+    notes = " ".join(tok.stats()["notes"])
+    assert "gigatoken" in notes
+    assert (tok._second is not None) == bool(tok._second_classes)
+
+
+@pytest.mark.parametrize("name", MAIN_FILES)
+def test_gigatoken_lane_is_exact(name):
+    """gigatoken first for every piece, behind its guards: battery texts, real text and text
+    aimed at its guards, whole and chunked, give the reference's IDs; what its guards send away
+    goes to fastokens where fastokens' guards allow, else to the reference."""
+    _need_gigatoken()
+    from battery import battery_texts
+
+    base = fast_tok(name, chunk_threshold=8192, chunk_target=2048, content_lookup=False)
+    tok = with_giga(base)
+    texts = battery_texts(base)[:120] + giga_adversarial(base)
+    texts += [read_text("prose", "gutenberg-2701_moby-dick.txt")[:60_000],
+              read_text("multilingual", "udhr_all-languages_concatenated.txt")[:60_000]]
+    texts.append("".join(texts[:200]))  # long: chunked
+    wants = ref_ids_many(tok, texts, False)
+    for text, want in zip(texts, wants):
+        assert list(tok.encode(text, add_special_tokens=False)) == want, ascii(text[:80])
+    assert list(tok.encode(texts[-1])) == ref_ids(tok, texts[-1])
+    s = tok.stats()
+    assert s["second_encoder"] == "gigatoken" and s["second_pieces"] > 50, s
+    if any(base.rules.route(chr(c), nfc=False) == (0, -1) for c in giga_table(base).disagree):
+        assert s["fast_pieces"] > 0  # stretches gigatoken's guards sent to fastokens
+
+
+@pytest.mark.parametrize("name", MAIN_FILES)
+def test_control_gigatoken_without_guards_finds_differences(name):
+    """The control: the same texts with gigatoken's guards switched off (private hook) give
+    differences; with them on, none (the test above)."""
+    _need_gigatoken()
+    base = fast_tok(name, chunk_threshold=8192, chunk_target=2048, content_lookup=False)
+    if not giga_table(base).disagree:
+        pytest.skip("gigatoken's probes found no disagreement on this file: no guard to remove")
+    off = with_giga(base, guarded=False)
+    texts = giga_adversarial(base)
+    wants = ref_ids_many(base, texts, False)
+    diffs = sum(list(off.encode(t, add_special_tokens=False)) != w for t, w in zip(texts, wants))
+    assert diffs >= 5, f"the battery cannot see gigatoken without its guards ({diffs})"
+    on = with_giga(base)
+    assert [list(on.encode(t, add_special_tokens=False)) for t in texts] == wants
+
+
+def test_gigatoken_instance_is_renewed():
+    """The pre-token cache bound: after renew_chars characters the native instance is replaced,
+    and the IDs stay the reference's."""
+    _need_gigatoken()
+    base = fast_tok("qwen3", content_lookup=False)
+    tok = with_giga(base, renew_chars=100_000)
+    giga = tok._second.encoder
+    first = giga.native
+    text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:300_000]
+    for k in range(0, len(text), 30_000):
+        part = text[k:k + 30_000]
+        assert list(tok.encode(part, add_special_tokens=False)) == ref_ids(tok, part, False)
+    assert giga.renewals >= 2 and giga.native is not first
+
+
+def test_text_class_of_real_text():
+    """The router's text classes: prose and code (curly quotes and dashes included) are
+    'latin', text in other scripts 'other'."""
+    from dtok.tokenizer import text_class
+
+    for kind, name in (("prose", "gutenberg-2701_moby-dick.txt"),
+                       ("code", "go__fzf__src_pattern.go.txt")):
+        text = read_text(kind, name)
+        assert {text_class(text[i:i + 65536]) for i in range(0, len(text), 65536)} == {"latin"}
+    for name in ("udhr_cmn_hans.txt", "udhr_hin.txt", "udhr_rus.txt", "udhr_kor.txt"):
+        assert text_class(read_text("multilingual", name)) == "other", name
+    assert text_class("plain ascii") == "latin" and text_class("") == "latin"

@@ -15,7 +15,8 @@ import time
 import pytest
 
 from battery import battery_texts
-from conftest import MAIN_FILES, ROOT, load_tokenizer, read_text, ref_ids, ref_ids_many, shared_path
+from conftest import (MAIN_FILES, ROOT, load_tokenizer, next_turn, read_text, ref_ids,
+                      ref_ids_many, shared_path)
 from dtok.chat import detect_style, render_turns
 
 from dtok.pool import Pool, PoolError, shm
@@ -354,15 +355,7 @@ def test_copy_on_write_reuses_the_spare_and_never_changes_a_held_view(pools, see
     held, snapshots, held_turns = None, [], 0
     for turn in range(40):
         held_turns += held is not None
-        r = rng.random()
-        start = rng.randrange(0, len(src) - 2000)
-        if r < 0.5:  # an append
-            text += src[start : start + rng.randint(1, 600)]
-        elif r < 0.75:  # back to an earlier point, then something else
-            text = text[: rng.randint(len(text) // 2, len(text))] + src[start : start + 400]
-        else:  # an edit: a region in the middle removed, something appended
-            a = rng.randint(len(text) // 3, len(text) // 2)
-            text = text[:a] + text[a + rng.randint(1, 3000):] + src[start : start + 300]
+        text = next_turn(rng, src, text)
         view = pool.encode(text, session=key)
         assert list(view) == ref_ids(tok, text), f"turn {turn}"
         if rng.random() < 0.7:

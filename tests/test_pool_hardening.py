@@ -274,6 +274,40 @@ def test_encode_list_is_updated_in_place_and_never_under_a_holder():
                 enc.close()
 
 
+def test_encode_list_in_a_loop_takes_turns_between_two_lists():
+    """``ids = encode_list(...)`` in a loop holds the last list while asking for the next: the
+    one before it (released) is brought up to date from where it last agreed; a snapshot holder
+    keeps its list unchanged, and one that changed the list it let go is caught."""
+    tok = load_tokenizer("qwen3")
+    src = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")
+    rng = random.Random(4)
+    for make in (lambda: tok.with_knobs(), lambda: Pool(tok, workers=1, name="lists2")):
+        enc = make()
+        try:
+            text, ids, snapshots = src[:30_000], None, []
+            for turn in range(24):
+                start = rng.randrange(0, len(src) - 1000)
+                if turn % 5 == 4:  # an edit: an earlier stretch removed
+                    a = rng.randint(len(text) // 2, len(text) - 2000)
+                    text = text[:a] + text[a + 1500:] + src[start : start + 200]
+                else:
+                    text += src[start : start + rng.randint(1, 500)]
+                ids = enc.encode_list(text, session="loop")
+                assert ids == ref_ids(tok, text), f"turn {turn}"
+                if turn == 7:
+                    snapshots.append((ids, list(ids)))
+                if turn == 13:
+                    ids.append(-1)  # changed by its holder, then let go at the next turn
+            for lst, copy in snapshots:
+                assert lst == copy
+            stats = enc.stats() if isinstance(enc, Pool) else enc.sessions.stats()
+            # two lists take turns; one more for the snapshot's and one for the changed list
+            assert stats["lists_made"] <= 4, stats["lists_made"]
+        finally:
+            if isinstance(enc, Pool):
+                enc.close()
+
+
 @pytest.mark.slow
 def test_two_hundred_starts_without_a_hang():
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "pool_start_campaign.py"),

@@ -8,7 +8,8 @@ import threading
 import pytest
 
 import dtok
-from conftest import MAIN_FILES, load_tokenizer, read_text, ref_ids, ref_ids_many, shared_path
+from conftest import (MAIN_FILES, load_tokenizer, next_turn, read_text, ref_ids, ref_ids_many,
+                      shared_path)
 from dtok.chat import detect_style, render_turns
 
 TRANSCRIPTS = [
@@ -284,3 +285,34 @@ def test_scopes_never_share_sessions_or_content():
     assert (s["repairs"], s["full_encodes"]) == (2, 2), s
     assert look.explain(turns[2] + "x", scope=("C", None)).get("route") != "session repair"
     assert look.explain(turns[2] + "x", scope=("A", None))["route"] == "session repair"
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_held_views_go_to_the_spare_buffer_and_never_change(seed):
+    """A caller holding the previous turn's view: the next turn is written into the buffer
+    that was current before (the spare), copying only what changed since; appends, truncations
+    and edits mixed with turns written in place (no view held) keep the spare's valid prefix
+    right, every result equals the reference, no held view changes, and the session's buffers
+    stop being reallocated."""
+    tok = fresh("qwen3")
+    rng = random.Random(seed)
+    src = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")
+    text = src[:20000]
+    held, snapshots, buffers = None, [], []  # the buffers themselves: ids are not reused
+    for turn in range(40):
+        text = next_turn(rng, src, text)
+        view = tok.encode(text, session="s")
+        assert list(view) == ref_ids(tok, text), f"turn {turn}"
+        if not any(b is view.obj for b in buffers):
+            buffers.append(view.obj)
+        if rng.random() < 0.7:
+            held = view
+            if turn % 8 == 0:
+                snapshots.append((view, list(view)))
+        else:
+            held = None  # noqa: F841 - held only to keep a view alive into the next turn
+        del view
+    for view, snapshot in snapshots:
+        assert list(view) == snapshot
+    # two buffers take turns (plus one per snapshot still alive, and a few that outgrew)
+    assert len(buffers) <= 2 + len(snapshots) + 6, len(buffers)

@@ -177,7 +177,7 @@ def test_install_patches_by_hand(monkeypatch):
 
     class TokenizerManager:
         async def _tokenize_one_request(self, obj):
-            calls.append(hook._KEY.get())
+            calls.append(engine.SESSION_KEY.get())
             return "ok"
 
     tm_mod = types.ModuleType("sglang.srt.managers.tokenizer_manager")

@@ -21,7 +21,7 @@ from conftest import MAIN_FILES, read_text, shared_path
 
 transformers = pytest.importorskip("transformers") if not os.environ.get("CI") else \
     __import__("transformers")
-from dtok.integrations import engine  # noqa: E402
+from dtok.integrations import engine, identity  # noqa: E402
 from dtok.integrations import vllm as plugin  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,10 +145,10 @@ def test_identity_check_with_frozen_file(monkeypatch):
 
 def test_section_comparison_ignores_serialization_and_offsets():
     live = hf("qwen3").backend_tokenizer.to_str()  # merges as pairs, trim_offsets=True
-    assert engine.compare_sections(live, shared_path(
+    assert identity.compare_sections(live, shared_path(
         "tokenizers", "qwen3", "tokenizer.json").read_text(encoding="utf-8")) == []
     other = shared_path("tokenizers", "llama3", "tokenizer.json").read_text(encoding="utf-8")
-    assert set(engine.compare_sections(live, other)) >= {"model", "pre_tokenizer"}
+    assert set(identity.compare_sections(live, other)) >= {"model", "pre_tokenizer"}
 
 
 def test_trusted_overrides():

@@ -1,22 +1,36 @@
 #!/usr/bin/env python3
 """Build the fast encoder's guard tables for tokenizer files into dtok/data/guards.
 
-    python tools/build_guards.py PATH [PATH ...] [--out DIR] [--reuse-code-points]
+    python tools/build_guards.py PATH [PATH ...] [--encoder fastokens|gigatoken] [--out DIR]
+                                 [--reuse-code-points]
 
 For each file: compare every vocabulary entry's text and every code point in eight contexts
-through fastokens and the reference, and for an NFC file run the NFC proof (see dtok/guards.py).
+through the fast encoder (fastokens or gigatoken) and the reference, and for an NFC file run the NFC proof (see dtok/guards.py).
 A few minutes per file on two cores. ``--reuse-code-points`` takes the vocabulary and
 code-point results from an existing table (this schema or an earlier one) for the same file and
 versions (they do not depend on the schema) and runs only the rest (the NFC proof).
+
+``--speed`` (gigatoken tables): measure, in this process, gigatoken against fastokens on
+64K-character documents of each text class dtok routes by (``dtok.tokenizer.text_class``:
+"latin" = prose and code, "other" = multilingual and adversarial text) from the corpus, and
+record the per-class median ratio in the file's table: dtok gives gigatoken the classes where
+it took at most ``SECOND_WINS`` of fastokens' time. Each document is new to both encoders (the
+gigatoken instance first sees the other half of the corpus: a warm pre-token cache, as in
+service); pairs alternate which encoder goes first.
 """
 import argparse
+import gzip
+import json
+import os
+import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dtok import guards  # noqa: E402
-from dtok.encoders import FastEncoder  # noqa: E402
+from dtok.encoders import FastEncoder, GigaEncoder  # noqa: E402
 from dtok.tokenizer import Tokenizer  # noqa: E402
 
 
@@ -25,15 +39,24 @@ def main() -> None:
     ap.add_argument("paths", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, default=guards.BUNDLED_DIR)
     ap.add_argument("--reuse-code-points", action="store_true")
+    ap.add_argument("--encoder", choices=("fastokens", "gigatoken"), default="fastokens")
+    ap.add_argument("--speed", action="store_true",
+                    help="only measure gigatoken against fastokens and record it in the table")
+    ap.add_argument("--corpus", type=Path, default=None)
     args = ap.parse_args()
+    if args.speed:
+        for path in args.paths:
+            record_speed(path, args.out, args.corpus)
+        return
     for path in args.paths:
         tok = Tokenizer.from_file(path, encoder="reference")
         a = tok.admission
-        fast = FastEncoder(tok.tokenizer_json().decode("utf-8"), tok.reference)
+        make = GigaEncoder if args.encoder == "gigatoken" else FastEncoder
+        fast = make(tok.tokenizer_json().decode("utf-8"), tok.reference)
         previous = None
         if args.reuse_code_points:
             for schema in range(guards.SCHEMA, 0, -1):
-                name = guards._file_name(a.sha256, fast.version).replace(
+                name = guards._file_name(a.sha256, fast.version, fast.name).replace(
                     f"schema{guards.SCHEMA}", f"schema{schema}")
                 if (args.out / name).exists():
                     previous = args.out / name
@@ -47,6 +70,64 @@ def main() -> None:
         nfc = f", NFC proven: {table.nfc_proven}" if a.nfc else ""
         print(f"{path}: {len(table.disagree)} guard code points{nfc} -> {table.source}",
               flush=True)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+CLASSES = {"latin": ("prose", "code"), "other": ("multilingual", "adversarial")}
+DOC = 65536  # dtok's chunk_target: what one encoder call usually gets
+
+
+def _corpus_docs(corpus: Path | None) -> dict[str, list[str]]:
+    shared = Path(os.environ.get("DTOK_SHARED", ROOT.parent / "shared")) / "corpus"
+    root = corpus or (shared if shared.is_dir() else ROOT / "tests" / "data" / "corpus")
+    out = {}
+    for cls, kinds in CLASSES.items():
+        docs = []
+        for kind in kinds:
+            for f in sorted((root / kind).iterdir()):
+                raw = f.read_bytes()
+                text = (gzip.decompress(raw) if f.suffix == ".gz" else raw).decode("utf-8")
+                docs += [text[i:i + DOC] for i in range(0, len(text) - DOC // 4, DOC)]
+        out[cls] = docs
+    return out
+
+
+def record_speed(path: Path, out: Path, corpus: Path | None) -> None:
+    from dtok.tokenizer import text_class
+
+    tok = Tokenizer.from_file(path, encoder="reference")
+    raw = tok.tokenizer_json().decode("utf-8")
+    fast, giga = FastEncoder(raw, tok.reference), GigaEncoder(raw, tok.reference)
+    name = guards._file_name(tok.admission.sha256, giga.version, giga.name)
+    table_path = out / name
+    table = json.loads(table_path.read_text())
+    docs = _corpus_docs(corpus)
+    ratio, ms, counts = {}, {}, {}
+    for cls, items in docs.items():
+        items = [d for d in items if text_class(d) == cls] or items
+        warm, measured = items[1::2], items[0::2]
+        giga.encode_many(warm)  # the pre-token cache as in service: warm, but not on these
+        per_doc, t_fast, t_giga = [], [], []
+        for i, doc in enumerate(measured):
+            t = {}
+            for enc in ((fast, giga) if i % 2 else (giga, fast)):
+                t0 = time.perf_counter()
+                enc.encode(doc)
+                t[enc.name] = time.perf_counter() - t0
+            per_doc.append(t["gigatoken"] / t["fastokens"])
+            t_fast.append(t["fastokens"])
+            t_giga.append(t["gigatoken"])
+        ratio[cls] = round(statistics.median(per_doc), 3)
+        ms[cls] = {"fastokens": round(1e3 * sum(t_fast), 2), "gigatoken": round(1e3 * sum(t_giga), 2)}
+        counts[cls] = len(measured)
+        print(f"{path}: {cls}: gigatoken / fastokens median {ratio[cls]:.3f} over {len(measured)} "
+              f"docs (quartiles {statistics.quantiles(per_doc, n=4)})", flush=True)
+    table["speed"] = {"ratio": ratio, "total_ms": ms, "docs": counts, "doc_chars": DOC,
+                      "loadavg": [round(x, 2) for x in os.getloadavg()],
+                      "cpus": len(os.sched_getaffinity(0)), "when": time.strftime("%Y-%m-%d")}
+    tmp = table_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(table, indent=1))
+    os.replace(tmp, table_path)
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ def use_file_if_equal(live_tokenizer, file: Path, env_name: str) -> list[str]:
     ``DTOK_SGLANG_TOKENIZER``) to the model's tokenizer.json when the engine's live tokenizer
     equals it, so dtok is built from the file (the fast encoder's guard tables apply and a pool
     can load it); unset it otherwise. Returns the sections that differ."""
-    from dtok.integrations.engine import compare_sections
+    from dtok.integrations.identity import compare_sections
 
     differ = compare_sections(live_tokenizer.backend_tokenizer.to_str(),
                               file.read_text(encoding="utf-8"))

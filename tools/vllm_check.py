@@ -313,13 +313,13 @@ def inner(args) -> int:
 
     from vllm.plugins import load_general_plugins
 
-    from dtok.integrations import engine
+    from dtok.integrations import engine, patching
     from dtok.integrations import vllm as plugin
 
     if args.pool:
         engine.configure(pool_workers=args.pool)
     load_general_plugins()
-    patched = [t for t, _h in plugin.TARGETS if _is_patched(*engine.resolve(t))]
+    patched = [t for t, _h in plugin.TARGETS if _is_patched(*patching.resolve(t))]
     print(f"vLLM {__import__('vllm').__version__}: loaded through vLLM's plugin loader, "
           f"{len(patched)}/{len(plugin.TARGETS)} hooks patched", flush=True)
     requests = mismatches = 0

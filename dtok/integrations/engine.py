@@ -1,25 +1,28 @@
-"""What dtok's serving-engine hooks share (SGLang, vLLM): identity checks of the live tokenizer,
-a per-tokenizer cache of dtok wrappers, the request's session key, the encode call itself
-(in process or through a :class:`dtok.Pool`), and patching.
+"""What dtok's serving-engine hooks share (SGLang, vLLM): the request's session key, the options
+of one encode call, a per-tokenizer cache of dtok wrappers, the encode itself (in process or
+through a :class:`dtok.Pool`), and the one body every hooked encode runs
+(:meth:`EngineHook.serve` / :meth:`EngineHook.serve_async`).
 
 An engine module (``dtok.integrations.sglang``, ``dtok.integrations.vllm``) owns one
 :class:`EngineHook`, binds :data:`SESSION_KEY` where the engine parses a request, and calls
-:meth:`EngineHook.encode` / :meth:`EngineHook.encode_async` where the engine tokenizes a prompt.
-Either returns ``None`` when dtok must stay out; the hook then calls the engine's own code.
+:meth:`EngineHook.serve` / :meth:`EngineHook.serve_async` where the engine tokenizes a prompt:
+dtok answers, or (dtok must stay out, or failed) the engine's own code does.
 
-Identity: dtok is built from the engine's live tokenizer; when the engine's environment names
-the model's tokenizer.json (``DTOK_SGLANG_TOKENIZER`` / ``DTOK_VLLM_TOKENIZER``), from that file,
-after checking that it equals the live tokenizer in every section that decides IDs (so the
-fast encoder's guard tables, which are keyed by the file's hash, apply, and a pool can load
-it); then probe texts must encode identically both ways.
+Identity (:mod:`dtok.integrations.identity`): dtok is built from the engine's live tokenizer;
+when the engine's environment names the model's tokenizer.json (``DTOK_SGLANG_TOKENIZER`` /
+``DTOK_VLLM_TOKENIZER``), from that file, after checking that it equals the live tokenizer in
+every section that decides IDs (so the fast encoder's guard tables, which are keyed by the
+file's hash, apply, and a pool can load it); then probe texts must encode identically both
+ways. Patching: :mod:`dtok.integrations.patching`.
 
-Pool (``DTOK_POOL_WORKERS=N`` in the server's environment, or :func:`configure`): keyed
-sessions and stateless prompts of at least ``DTOK_POOL_MIN_CHARS`` characters (default 16384)
-go to a :class:`dtok.Pool` built from the same dtok tokenizer, awaited without blocking the
-event loop; shorter prompts stay in process. The pool starts in a background thread on first
-use (requests are encoded in process until it is ready); if it cannot start, everything
-stays in process and :meth:`EngineHook.pool_state` says why. Unkeyed prompts sent to the pool
-get its content lookup (a prompt sharing at least half of a stored one continues it).
+Pool (``DTOK_POOL_WORKERS=N`` in the server's environment, or :func:`configure`; see
+:mod:`dtok.integrations.config`): keyed sessions and stateless prompts of at least
+``DTOK_POOL_MIN_CHARS`` characters (default 16384) go to a :class:`dtok.Pool` built from the
+same dtok tokenizer, awaited without blocking the event loop; shorter prompts stay in process.
+The pool starts in a background thread on first use (requests are encoded in process until it
+is ready); if it cannot start, everything stays in process and :meth:`EngineHook.pool_state`
+says why. Unkeyed prompts sent to the pool get its content lookup (a prompt sharing at least
+half of a stored one continues it).
 
 ``DTOK_STATS_FILE=PATH`` (``{pid}`` expands to the process id): each hook's
 :meth:`EngineHook.report` is written there as JSON when the process exits.
@@ -39,27 +42,29 @@ RequestKey(session=None, scope=('tenant', 'lora-a'))
 """
 from __future__ import annotations
 
-import asyncio
 import atexit
+import collections
 import contextlib
 import contextvars
-import functools
 import hashlib
-import inspect
 import json
 import logging
 import os
-import sys
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator, NamedTuple
 
+from dtok.integrations import config, identity
+from dtok.integrations.config import configure
+from dtok.integrations.transformers import wrap
+
 log = logging.getLogger("dtok.integrations")
 
-__all__ = ["SESSION_KEY", "SECTIONS", "PROBES", "EncodeOptions", "EngineHook", "RequestKey", "bound_key",
-           "compare_sections", "configure", "encode_options", "patch", "resolve", "run_in_context",
-           "session_key"]
+__all__ = ["SESSION_KEY", "EncodeOptions", "EngineHook", "RequestKey", "bound_key", "configure",
+           "encode_options", "session_key"]
+
 
 class RequestKey(NamedTuple):
     """Where dtok keeps a request's state: ``session`` (``("sid", id)``, ``("rid", prefix)``, or
@@ -73,17 +78,6 @@ class RequestKey(NamedTuple):
 #: The key of the request being served (set where the engine parses the request).
 SESSION_KEY: contextvars.ContextVar[RequestKey | None] = contextvars.ContextVar(
     "dtok_session_key", default=None)
-#: tokenizer.json sections that decide IDs; a live tokenizer must equal a frozen file in each.
-SECTIONS = ("model", "normalizer", "pre_tokenizer", "added_tokens", "post_processor")
-#: Texts encoded by the engine's tokenizer and by dtok before dtok may serve the engine.
-PROBES = (
-    "", "Hello, world!", " leading space",
-    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
-    "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nx<|eot_id|>",
-    "<｜User｜>x<｜Assistant｜>", "<|start|>user<|message|>x<|end|>",
-    "数字 12345 καλημέρα 🙂\r\n\t  end   ", "a" * 5000, "don't you'll  \n\n\n  x",
-    "cafe\u0301 \u0958/",
-)
 
 
 def session_key(*, session_id: Any = None, cache_salt: Any = None, request_id: Any = None,
@@ -128,34 +122,6 @@ def bound_key(key: RequestKey | None) -> Iterator[None]:
         yield
     finally:
         SESSION_KEY.reset(token)
-
-
-def _canonical(document: str) -> dict[str, Any]:
-    """A tokenizer.json document as the installed ``tokenizers`` writes it (merges as pairs or
-    strings, defaults spelled out), without ``trim_offsets``, which changes offsets only."""
-    try:
-        from tokenizers import Tokenizer
-
-        document = Tokenizer.from_str(document).to_str()
-    except Exception:  # noqa: BLE001 - compare as written; the reference will refuse it anyway
-        pass
-
-    def strip(node):
-        if isinstance(node, dict):
-            return {k: strip(v) for k, v in node.items() if k != "trim_offsets"}
-        if isinstance(node, list):
-            return [strip(v) for v in node]
-        return node
-
-    return strip(json.loads(document))
-
-
-def compare_sections(live_json: str, file_json: str) -> list[str]:
-    """The :data:`SECTIONS` in which two tokenizer.json documents differ (empty: identical),
-    compared as the installed ``tokenizers`` serializes them."""
-    live, frozen = _canonical(live_json), _canonical(file_json)
-    return [s for s in SECTIONS if live.get(s) != frozen.get(s)]
-
 
 # --- the options of one encode call ---------------------------------------------------------
 
@@ -209,93 +175,6 @@ def _truncated(ids: list[int], tok, options: EncodeOptions) -> list[int] | None:
     return ids[:pre] + kept + ids[len(ids) - suf:]
 
 
-# --- configuration --------------------------------------------------------------------------
-
-_CONFIG: dict[str, Any] = {"workers": None, "min_chars": None, "options": None, "knobs": None}
-
-
-def configure(*, pool_workers: int | None = None, pool_min_chars: int | None = None,
-              pool_options: dict[str, Any] | None = None,
-              knobs: dict[str, Any] | None = None) -> None:
-    """Configure every hook in this process (overrides ``DTOK_POOL_WORKERS``,
-    ``DTOK_POOL_MIN_CHARS`` and ``DTOK_KNOBS``; None: the environment's value).
-    ``pool_workers=0`` keeps everything in process; ``pool_options`` go to :class:`dtok.Pool`;
-    ``knobs`` to :class:`dtok.Tokenizer` (e.g. ``{"session_bytes": 1 << 30}``) for tokenizers
-    built after this call."""
-    for name, value in (("workers", pool_workers), ("min_chars", pool_min_chars)):
-        if value is not None and (type(value) is not int or value < 0):
-            raise ValueError(f"pool_{name} must be a non-negative int, got {value!r}")
-    _CONFIG.update(workers=pool_workers, min_chars=pool_min_chars, options=pool_options,
-                   knobs=knobs)
-
-
-def _knobs() -> dict[str, Any]:
-    if _CONFIG["knobs"] is not None:
-        return dict(_CONFIG["knobs"])
-    raw = os.environ.get("DTOK_KNOBS")
-    try:
-        knobs = json.loads(raw) if raw else {}
-        if not isinstance(knobs, dict):
-            raise ValueError("not a JSON object")
-        return knobs
-    except ValueError as exc:
-        log.warning("dtok: DTOK_KNOBS=%r ignored: %s", raw, exc)
-        return {}
-
-
-def _env_int(name: str, default: int) -> int:
-    try:
-        return max(0, int(os.environ.get(name, default)))
-    except ValueError:
-        log.warning("dtok: %s=%r is not an int; using %d", name, os.environ.get(name), default)
-        return default
-
-
-def _pool_workers() -> int:
-    return (_CONFIG["workers"] if _CONFIG["workers"] is not None
-            else _env_int("DTOK_POOL_WORKERS", 0))
-
-
-def _pool_min_chars() -> int:
-    return (_CONFIG["min_chars"] if _CONFIG["min_chars"] is not None
-            else _env_int("DTOK_POOL_MIN_CHARS", 16384))
-
-
-# The open-loop testbed's best design (README, Benchmarks): the Pool's own shortest-first order
-# and aging, with small chunks. Applied where this Pool version has the parameter.
-POOL_DEFAULTS = {"chunks_per_worker": 8, "name": "serving"}
-
-
-def _new_pool(tok, workers: int):
-    import dtok
-
-    accepted = inspect.signature(dtok.Pool).parameters
-    options = {k: v for k, v in POOL_DEFAULTS.items() if k in accepted}
-    options.update(_CONFIG["options"] or {})
-    return dtok.Pool(tok, workers=workers, **options)
-
-
-class _PoolSlot:
-    """One pool for one dtok tokenizer, started in a background thread on first use."""
-
-    def __init__(self, tok, workers: int) -> None:
-        self.pool = None
-        self.error: str | None = None
-        self.ready = threading.Event()
-        threading.Thread(target=self._start, args=(tok, workers), name="dtok-pool-start",
-                         daemon=True).start()
-
-    def _start(self, tok, workers: int) -> None:
-        try:
-            self.pool = _new_pool(tok, workers)
-            log.info("dtok: pool of %d workers ready", workers)
-        except Exception as exc:  # noqa: BLE001 - in process is always exact
-            self.error = f"{type(exc).__name__}: {exc}"
-            log.warning("dtok: no pool, encoding in process: %s", self.error)
-        finally:
-            self.ready.set()
-
-
 # --- the hook state of one engine -----------------------------------------------------------
 
 _HOOKS: list["EngineHook"] = []
@@ -312,22 +191,6 @@ def _write_reports() -> None:
         log.warning("dtok: cannot write %s: %s", path, exc)
 
 
-
-def _list_of(owner, text: str, key, special: bool) -> list[int]:
-    """IDs as a list: the owner's ``encode_list`` when it has one, else ``list()`` of a view."""
-    session, scope = _parts(key)
-    if hasattr(owner, "encode_list"):
-        return owner.encode_list(text, session=session, scope=scope, add_special_tokens=special)
-    return list(owner.encode(text, session=session, scope=scope, add_special_tokens=special))
-
-
-async def _list_of_async(pool, text: str, key, special: bool) -> list[int]:
-    session, scope = _parts(key)
-    if hasattr(pool, "encode_list_async"):
-        return await pool.encode_list_async(text, session=session, scope=scope,
-                                            add_special_tokens=special)
-    return list(await pool.encode_async(text, session=session, scope=scope,
-                                        add_special_tokens=special))
 
 
 class EngineHook:
@@ -351,6 +214,8 @@ class EngineHook:
         self._refused: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._building: weakref.WeakSet = weakref.WeakSet()
+        #: (ms, characters, keyed) of the last answered calls (see :meth:`serve`)
+        self.timings: collections.deque = collections.deque(maxlen=4096)
         #: False: every hook passes through to the engine's own code (checks, operators)
         self.enabled = True
         if os.environ.get("DTOK_STATS_FILE") and not _HOOKS:
@@ -398,46 +263,26 @@ class EngineHook:
         except TypeError:
             return "not weak-referenceable"
 
-    def _overridden(self, hf, name: str) -> bool:
-        if name in vars(hf):
-            return True
-        fn = getattr(type(hf), name)
-        module = getattr(fn, "__module__", "") or ""
-        qualname = getattr(fn, "__qualname__", "") or ""
-        return "transformers" not in module and not any(
-            f"{module}.{qualname}".startswith(prefix) for prefix in self.trusted_overrides)
-
     def build(self, hf) -> tuple[Any, str]:
         """(wrapper, "") when dtok reproduces ``hf`` exactly on every probe, else (None, why)."""
-        backend = getattr(hf, "backend_tokenizer", None)
-        if not getattr(hf, "is_fast", False) or backend is None or not hasattr(backend, "to_str"):
-            return None, f"not a tokenizers-backed fast tokenizer ({type(hf).__name__})"
-        if getattr(hf, "split_special_tokens", False):
-            return None, "split_special_tokens is on"
-        for name in ("encode", "__call__"):
-            if self._overridden(hf, name):
-                return None, f"{type(hf).__name__}.{name} is overridden"
+        why = identity.unsupported(hf, self.trusted_overrides)
+        if why is not None:
+            return None, why
         frozen = os.environ.get(self.frozen_env) or None
         try:
-            from dtok.integrations.transformers import wrap
-
             # built from the frozen file when given (checked equal to the live backend)
-            wrapper = wrap(hf, source=frozen, **_knobs())
-            for special in (True, False):
-                for text in PROBES:
-                    want = hf([text], add_special_tokens=special)["input_ids"][0]
-                    if list(want) != list(wrapper.dtok.encode(text, add_special_tokens=special)):
-                        return None, f"probe {text[:30]!r} encodes differently"
+            wrapper = wrap(hf, source=frozen, **config.knobs())
+            why = identity.probe_mismatch(hf, wrapper.dtok)
         except Exception as exc:  # noqa: BLE001
             return None, f"{type(exc).__name__}: {exc}"
-        return wrapper, ""
+        return (None, why) if why is not None else (wrapper, "")
 
     # --- pools ------------------------------------------------------------------------------
 
     def pool_for(self, tok, *, wait: float | None = None):
         """The started pool for a dtok tokenizer, or None (no pool configured, still starting,
         or failed). ``wait``: seconds to wait for a pool that is starting."""
-        workers = _pool_workers()
+        workers = config.pool_workers()
         if workers < 1:
             return None
         slot = self._pools.get(tok)
@@ -445,7 +290,7 @@ class EngineHook:
             with self._lock:
                 slot = self._pools.get(tok)
                 if slot is None:
-                    slot = self._pools[tok] = _PoolSlot(tok, workers)
+                    slot = self._pools[tok] = config.PoolSlot(tok, workers)
         if wait is not None:
             slot.ready.wait(wait)
         return slot.pool
@@ -469,7 +314,11 @@ class EngineHook:
             tok = wrapper.dtok
             tokenizers.append({"path": str(tok.files.path), "encoder": tok.stats()["encoder"],
                                "sessions": tok.sessions.stats()})
+        ms = sorted(t[0] for t in self.timings)
+        took = {"calls": len(ms), "median_ms": ms[len(ms) // 2] if ms else None,
+                "max_ms": ms[-1] if ms else None}
         return {"engine": self.engine, "pid": os.getpid(), "stats": dict(self.stats),
+                "hook_time": took,
                 "tokenizers": tokenizers, "pools": self.pool_state()}
 
     def close(self) -> None:
@@ -483,7 +332,7 @@ class EngineHook:
     def pool_route(self, wrapper, text: str, key: Any = None):
         """The pool that should encode ``text`` (keyed, or at least ``DTOK_POOL_MIN_CHARS``
         long, and a pool is ready), or None: encode in process."""
-        if _parts(key)[0] is None and len(text) < _pool_min_chars():
+        if _parts(key)[0] is None and len(text) < config.pool_min_chars():
             return None
         return self.pool_for(wrapper.current())
 
@@ -511,7 +360,10 @@ class EngineHook:
     def _encode_with(self, tok, owner, text, options, key) -> list[int] | None:
         """Encode with ``owner``: the pool, or ``tok`` itself (in process)."""
         self._count(key, owner is not tok)
-        return self._finish(tok, _list_of(owner, text, key, options.add_special_tokens), options)
+        session, scope = _parts(key)
+        return self._finish(tok, owner.encode_list(
+            text, session=session, scope=scope, add_special_tokens=options.add_special_tokens),
+            options)
 
     async def encode_async(self, wrapper, text: str, options: EncodeOptions = EncodeOptions(),
                            key: Any = None) -> list[int] | None:
@@ -521,64 +373,78 @@ class EngineHook:
         if pool is None:  # in process (routed once: a pool ready meanwhile is not waited for)
             return self._encode_with(tok, tok, text, options, key)
         self._count(key, True)
-        ids = await _list_of_async(pool, text, key, options.add_special_tokens)
+        session, scope = _parts(key)
+        ids = await pool.encode_list_async(text, session=session, scope=scope,
+                                           add_special_tokens=options.add_special_tokens)
         return self._finish(tok, ids, options)
+
+    # --- the body of every hooked encode ------------------------------------------------------
+
+    def _took(self, t0: float, target) -> None:
+        # (ms, characters, keyed) of an answered call: from the hook's entry to the IDs handed
+        # on (awaited pool calls include the wait)
+        self.timings.append((round((time.perf_counter() - t0) * 1e3, 3), len(target[1]),
+                             _parts(target[3])[0] is not None))
+
+    def _target(self, call: Callable[[], Any], wait: bool):
+        """(wrapper, text, options, key) when dtok answers: ``call()`` gave (the engine's
+        tokenizer, text, :class:`EncodeOptions`) and dtok serves that tokenizer; else None."""
+        request = call()
+        if request is None:
+            return None
+        tokenizer, text, options = request
+        wrapper = self.dtok_for(tokenizer, wait=wait)
+        return None if wrapper is None else (wrapper, text, options, SESSION_KEY.get())
+
+    def serve(self, call: Callable[[], Any], original: Callable[[], Any],
+              answer: Callable[[list[int]], Any] | None = None, *, wait: bool = True):
+        """One hooked encode, blocking: dtok's IDs (through ``answer``, if given), else ``original()``
+        (the engine's own code: ``call()`` returned None, dtok stays out of the tokenizer or
+        cannot reproduce the call, or failed; errors are counted and logged). ``call`` runs
+        inside the error guard: it returns (the engine's tokenizer, text, options) or None.
+        ``wait=False``: a tokenizer dtok has not built yet is built in the background."""
+        try:
+            t0 = time.perf_counter()
+            target = self._target(call, wait)
+            ids = None if target is None else self.encode(*target)
+            if ids is not None:
+                self._took(t0, target)
+        except Exception as exc:  # noqa: BLE001 - never break serving
+            self.error(exc)
+            ids = None
+        if ids is None:
+            self.stats["passed_through"] += 1
+            return original()
+        return ids if answer is None else answer(ids)
+
+    async def serve_async(self, call: Callable[[], Any], original: Callable[[], Any],
+                          answer: Callable[[list[int]], Any] | None = None, *,
+                          pooled_only: bool = False):
+        """:meth:`serve` on an event loop: never builds dtok here (in the background instead),
+        awaits a prompt routed to the pool, and awaits ``original()`` otherwise.
+        ``pooled_only``: only pool-routed prompts are answered here; the rest go to
+        ``original()``, which is itself hooked (an executor call of the blocking hook), so they
+        are not counted as passed through here."""
+        if pooled_only and config.pool_workers() < 1:
+            return await original()  # no pool: nothing for the loop to do, not even the checks
+        try:
+            t0 = time.perf_counter()
+            target = self._target(call, False)
+            if target is not None and pooled_only and self.pool_route(
+                    target[0], target[1], target[3]) is None:
+                target = None
+            ids = None if target is None else await self.encode_async(*target)
+            if ids is not None:
+                self._took(t0, target)
+        except Exception as exc:  # noqa: BLE001 - never break serving
+            self.error(exc)
+            ids = None
+        if ids is None:
+            self.stats["passed_through"] += not pooled_only
+            return await original()
+        return ids if answer is None else answer(ids)
 
     def error(self, exc: BaseException) -> None:
         """Count and log a hook error (the engine's own code then tokenizes)."""
         self.stats["errors"] += 1
         log.warning("dtok hook failed, %s tokenizes: %s: %s", self.engine, type(exc).__name__, exc)
-
-
-# --- patching ---------------------------------------------------------------------------------
-
-
-def resolve(target: str) -> tuple[Any, str]:
-    """(owner, attribute) of a dotted target such as ``pkg.mod.Class.method``; owner None when
-    it cannot be imported or has no such attribute."""
-    import pkgutil
-
-    owner_name, _, attr = target.rpartition(".")
-    try:
-        owner = pkgutil.resolve_name(owner_name)
-    except (ImportError, AttributeError, ValueError):
-        return None, attr
-    return (owner, attr) if hasattr(owner, attr) else (None, attr)
-
-
-def patch(targets, package: str) -> list[str]:
-    """Wrap each ``(target, hook)`` so that ``hook(original, *args, **kwargs)`` runs instead of
-    the target (an AROUND hook; coroutine functions stay coroutine functions). A module-level
-    function is also replaced where modules of ``package`` imported it by name. Idempotent;
-    returns the targets patched now."""
-    done = []
-    for target, hook in targets:
-        owner, attr = resolve(target)
-        if owner is None:
-            continue
-        orig = getattr(owner, attr)
-        if getattr(orig, "__dtok_hook__", False):
-            continue
-        if inspect.iscoroutinefunction(orig):
-            async def patched(*a, __orig=orig, __hook=hook, **k):
-                return await __hook(__orig, *a, **k)
-        else:
-            def patched(*a, __orig=orig, __hook=hook, **k):
-                return __hook(__orig, *a, **k)
-        patched = functools.wraps(orig)(patched)
-        patched.__dtok_hook__ = True
-        setattr(owner, attr, patched)
-        if not isinstance(owner, type):  # a module function: also where it was imported to
-            for module in list(sys.modules.values()):
-                if (getattr(module, "__name__", "").startswith(package)
-                        and getattr(module, attr, None) is orig):
-                    setattr(module, attr, patched)
-        done.append(target)
-    return done
-
-
-def run_in_context(loop: asyncio.AbstractEventLoop, executor, fn: Callable, *args):
-    """``loop.run_in_executor`` that carries the caller's context variables (the session key)
-    into the executor thread, which ``run_in_executor`` itself does not."""
-    return loop.run_in_executor(executor, functools.partial(
-        contextvars.copy_context().run, fn, *args))

@@ -43,9 +43,9 @@ from __future__ import annotations
 import logging
 import os
 
-from dtok.integrations import engine
-from dtok.integrations.engine import (SESSION_KEY, EncodeOptions, bound_key, compare_sections,
-                                      encode_options)
+from dtok.integrations import engine, patching
+from dtok.integrations.engine import EncodeOptions, bound_key, encode_options
+from dtok.integrations.identity import compare_sections
 
 log = logging.getLogger("dtok.sglang")
 
@@ -55,7 +55,6 @@ HOOK = engine.EngineHook("SGLang", frozen_env="DTOK_SGLANG_TOKENIZER")
 stats = HOOK.stats
 dtok_for = HOOK.dtok_for
 _build = HOOK.build
-_KEY = SESSION_KEY
 
 
 ROUTING_KEY_HEADER = "x-smg-routing-key"  # SGLang's model gateway pins a session by it
@@ -84,24 +83,24 @@ async def _tokenize_one_request(orig, self, obj, *args, **kwargs):
         return await orig(self, obj, *args, **kwargs)
 
 
-async def _tokenize_texts(orig, self, texts, is_cross_encoder=False, *args, **kwargs):
+def _generation_text(self, texts, is_cross_encoder, args, kwargs):
+    """(tokenizer, text, options) when dtok may answer this ``_tokenize_texts`` call: one
+    prompt string of a generation model (SGLang calls ``self.tokenizer([text])``:
+    add_special_tokens defaults to True), else None."""
     if (isinstance(texts, str) and not is_cross_encoder and not args and not kwargs
             and getattr(self, "is_generation", False)
             and not getattr(getattr(self, "model_config", None), "is_embedding_gemma", False)):
-        try:
-            # on SGLang's event loop: dtok is built in the background at the first request,
-            # which SGLang's own code serves meanwhile
-            wrapper = dtok_for(self.tokenizer, wait=False)
-            if wrapper is not None:
-                # SGLang calls self.tokenizer([text]): add_special_tokens defaults to True.
-                # On the event loop: keyed and long prompts are awaited from the pool.
-                ids = await HOOK.encode_async(wrapper, texts, EncodeOptions(), SESSION_KEY.get())
-                if ids is not None:
-                    return ids, None
-        except Exception as exc:  # noqa: BLE001 - never break serving
-            HOOK.error(exc)
-    stats["passed_through"] += 1
-    return await orig(self, texts, is_cross_encoder, *args, **kwargs)
+        return self.tokenizer, texts, EncodeOptions()
+    return None
+
+
+async def _tokenize_texts(orig, self, texts, is_cross_encoder=False, *args, **kwargs):
+    # on SGLang's event loop: dtok is built in the background at the first request, which
+    # SGLang's own code serves meanwhile; keyed and long prompts are awaited from the pool
+    return await HOOK.serve_async(
+        lambda: _generation_text(self, texts, is_cross_encoder, args, kwargs),
+        lambda: orig(self, texts, is_cross_encoder, *args, **kwargs),
+        lambda ids: (ids, None))
 
 
 def _convert_to_internal_request(orig, self, request, raw_request=None, *args, **kwargs):
@@ -111,18 +110,13 @@ def _convert_to_internal_request(orig, self, request, raw_request=None, *args, *
 
 
 def _parallel_prompt_encode(orig, tokenizer, text, encode_kwargs=None, *args, **kwargs):
-    options = encode_options(tokenizer, encode_kwargs or {})
-    if isinstance(text, str) and not args and not kwargs and options is not None:
-        try:
-            wrapper = dtok_for(tokenizer)
-            if wrapper is not None:
-                ids = HOOK.encode(wrapper, text, options, SESSION_KEY.get())
-                if ids is not None:
-                    return ids
-        except Exception as exc:  # noqa: BLE001
-            HOOK.error(exc)
-    stats["passed_through"] += 1
-    return orig(tokenizer, text, encode_kwargs, *args, **kwargs)
+    def call():
+        options = encode_options(tokenizer, encode_kwargs or {})
+        if isinstance(text, str) and not args and not kwargs and options is not None:
+            return tokenizer, text, options
+        return None
+
+    return HOOK.serve(call, lambda: orig(tokenizer, text, encode_kwargs, *args, **kwargs))
 
 
 def _encode_prompt_segments(orig, tokenizer, segments, encode_kwargs=None, *args, **kwargs):
@@ -155,7 +149,7 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     for target, hook in TARGETS:
-        owner, _attr = engine.resolve(target)
+        owner, _attr = patching.resolve(target)
         if owner is None:
             log.warning("dtok: this SGLang has no %s; hook skipped", target)
             continue
@@ -165,4 +159,4 @@ def register() -> None:
 def install() -> list[str]:
     """Patch SGLang in this process by hand (any version with these names); returns the
     targets patched. Use when SGLang's plugin system is not there."""
-    return engine.patch(TARGETS, "sglang.")
+    return patching.patch(TARGETS, "sglang.")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Hashable
 
 from dtok.admission import TokenizerFiles, read_files
+from dtok.integrations.identity import compare_sections
 from dtok.tokenizer import Tokenizer
 
 __all__ = ["DtokTransformersTokenizer", "wrap"]
@@ -74,8 +75,6 @@ class DtokTransformersTokenizer:
             self._rebuild()
 
     def _source_files(self, source: str | os.PathLike) -> TokenizerFiles:
-        from dtok.integrations.engine import compare_sections
-
         files = read_files(source)
         spec = files.spec()
         if spec.get("truncation") is not None or spec.get("padding") is not None:

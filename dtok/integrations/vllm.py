@@ -22,6 +22,9 @@ Hooks (names of vLLM 0.33; missing ones are skipped with a warning):
   key where the request is parsed, because vLLM itself resolves the session id only after
   rendering.
 
+``DTOK_LOOP_LAG=PATH``: an event-loop lag probe (:mod:`dtok.integrations.lag`) starts on the
+API server's loop at the first request and writes the lag and the stack of every stall there.
+
 Session, first found: the body's ``session_id``, the ``X-Session-ID`` header, vLLM's
 ``vllm_xargs["session_id"]`` (the order of vLLM's own ``_get_session_id``), then the request id
 (``X-Request-Id`` header, else the body's ``request_id``) up to ``DTOK_VLLM_RID_SEP`` when that
@@ -46,8 +49,8 @@ import asyncio
 import logging
 import os
 
-from dtok.integrations import engine
-from dtok.integrations.engine import SESSION_KEY, bound_key, encode_options
+from dtok.integrations import engine, lag, patching
+from dtok.integrations.engine import bound_key, encode_options
 
 log = logging.getLogger("dtok.vllm")
 
@@ -59,6 +62,7 @@ HOOK = engine.EngineHook(
 stats = HOOK.stats
 dtok_for = HOOK.dtok_for
 
+_LOOP_LAG = bool(os.environ.get("DTOK_LOOP_LAG"))  # see dtok.integrations.lag
 SESSION_ID_HEADER = "X-Session-ID"
 REQUEST_ID_HEADER = "X-Request-Id"
 
@@ -86,42 +90,33 @@ def session_key(request, raw_request=None, rid_separator: str | None = None):
 
 
 async def _bind_request_key(orig, self, request, raw_request=None, *args, **kwargs):
+    if _LOOP_LAG:
+        lag.start_on_running_loop()
     with bound_key(session_key(request, raw_request)):
         return await orig(self, request, raw_request, *args, **kwargs)
 
 
-def _dtok_ids(renderer, prompt, params, wait: bool = True):
-    """(wrapper, text, options) when dtok may answer this ``_tokenize_prompt`` call, else None.
-    ``wait=False``: never build dtok here (an event loop), return None until it is built."""
+def _dtok_call(renderer, prompt, params):
+    """(tokenizer, text, options) when dtok may answer this ``_tokenize_prompt`` call, else
+    None: a ``str`` prompt without offsets, with options dtok can reproduce."""
     text = prompt.get("prompt") if isinstance(prompt, dict) else None
     if not isinstance(text, str) or renderer._wants_offsets(prompt, params):
         return None
     tokenizer = renderer.tokenizer
     options = encode_options(tokenizer, params.get_encode_kwargs())
-    if options is None:
-        return None
-    wrapper = dtok_for(tokenizer, wait=wait)
-    return None if wrapper is None else (wrapper, text, options)
+    return None if options is None else (tokenizer, text, options)
 
 
-def _tokens_prompt(ids: list[int], prompt) -> dict:
-    # vLLM's _build_tokens_prompt without offsets, minus its list() copy of the IDs
-    # (TokensPrompt is a TypedDict: at run time, this dict)
-    return {"prompt_token_ids": ids, **prompt}
+def _tokens_prompt_of(prompt):
+    """IDs -> the TokensPrompt answering ``prompt``: vLLM's _build_tokens_prompt without
+    offsets, minus its list() copy of the IDs (a TypedDict: at run time, this dict)."""
+    return lambda ids: {"prompt_token_ids": ids, **prompt}
 
 
 def _tokenize_prompt(orig, self, prompt, params, *args, **kwargs):
-    if not args and not kwargs:
-        try:
-            call = _dtok_ids(self, prompt, params)
-            if call is not None:
-                ids = HOOK.encode(*call, SESSION_KEY.get())
-                if ids is not None:
-                    return _tokens_prompt(ids, prompt)
-        except Exception as exc:  # noqa: BLE001 - never break serving
-            HOOK.error(exc)
-    stats["passed_through"] += 1
-    return orig(self, prompt, params, *args, **kwargs)
+    return HOOK.serve(lambda: None if args or kwargs else _dtok_call(self, prompt, params),
+                      lambda: orig(self, prompt, params, *args, **kwargs),
+                      _tokens_prompt_of(prompt))
 
 
 def _renderer_init(orig, self, *args, **kwargs):
@@ -132,21 +127,14 @@ def _renderer_init(orig, self, *args, **kwargs):
                     "async requests are tokenized without their session key")
         return
 
-    def in_executor(prompt, params):
-        return engine.run_in_context(asyncio.get_running_loop(), executor,
-                                     self._tokenize_prompt, prompt, params)
-
     async def tokenize_prompt_async(prompt, params):
-        try:
-            # on the event loop: only a built dtok and a started pool; the rest in the executor
-            call = _dtok_ids(self, prompt, params, wait=False)
-            if call is not None and HOOK.pool_route(call[0], call[1], SESSION_KEY.get()):
-                ids = await HOOK.encode_async(*call, SESSION_KEY.get())
-                if ids is not None:
-                    return _tokens_prompt(ids, prompt)
-        except Exception as exc:  # noqa: BLE001 - never break serving
-            HOOK.error(exc)
-        return await in_executor(prompt, params)
+        # on the event loop: only a built dtok and a started pool; the rest in the executor,
+        # where the blocking hook runs with the request's context
+        return await HOOK.serve_async(
+            lambda: _dtok_call(self, prompt, params),
+            lambda: patching.run_in_context(asyncio.get_running_loop(), executor,
+                                            self._tokenize_prompt, prompt, params),
+            _tokens_prompt_of(prompt), pooled_only=True)
 
     self._tokenize_prompt_async = tokenize_prompt_async
 
@@ -174,9 +162,9 @@ TARGETS = (
 def install() -> list[str]:
     """Patch vLLM in this process; returns the targets patched now (idempotent). Call before
     vLLM builds its renderer."""
-    done = engine.patch(TARGETS, "vllm.")
+    done = patching.patch(TARGETS, "vllm.")
     for target, _hook in TARGETS:
-        if target not in done and engine.resolve(target)[0] is None:
+        if target not in done and patching.resolve(target)[0] is None:
             log.warning("dtok: this vLLM has no %s; hook skipped", target)
     return done
 

@@ -241,6 +241,7 @@ class Pool(Supervision):
                    "workers": workers, "queued_shared": shared,
                    "sessions": len(self.sessions), "session_bytes": self.sessions.bytes_used,
                    "session_segments_made": self.sessions.segments_made,
+                   "lists_made": sum(m.lists.made for m in self.sessions.values()),
                    "shm_bytes": self._budget.used, "shm_limit": self._budget.limit,
                    **self._counts, "per_char_ms": dict(self.estimator.b)}
         for w in out["workers"]:

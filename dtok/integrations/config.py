@@ -1,0 +1,97 @@
+"""How the engine hooks of this process are configured, and the pool each dtok tokenizer gets.
+
+:func:`configure` overrides the environment: ``DTOK_POOL_WORKERS`` (0: everything in
+process), ``DTOK_POOL_MIN_CHARS`` (default 16384: shorter stateless prompts stay in process),
+``DTOK_KNOBS`` (JSON: keyword arguments of :class:`dtok.Tokenizer`). A pool starts in a
+background thread (:class:`PoolSlot`); until it is ready, requests are encoded in process.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from typing import Any
+
+log = logging.getLogger("dtok.integrations")
+
+__all__ = ["configure", "knobs", "pool_workers", "pool_min_chars", "POOL_DEFAULTS", "PoolSlot"]
+
+_CONFIG: dict[str, Any] = {"workers": None, "min_chars": None, "options": None, "knobs": None}
+
+
+def configure(*, pool_workers: int | None = None, pool_min_chars: int | None = None,
+              pool_options: dict[str, Any] | None = None,
+              knobs: dict[str, Any] | None = None) -> None:
+    """Configure every hook in this process (overrides ``DTOK_POOL_WORKERS``,
+    ``DTOK_POOL_MIN_CHARS`` and ``DTOK_KNOBS``; None: the environment's value).
+    ``pool_workers=0`` keeps everything in process; ``pool_options`` go to :class:`dtok.Pool`;
+    ``knobs`` to :class:`dtok.Tokenizer` (e.g. ``{"session_bytes": 1 << 30}``) for tokenizers
+    built after this call."""
+    for name, value in (("workers", pool_workers), ("min_chars", pool_min_chars)):
+        if value is not None and (type(value) is not int or value < 0):
+            raise ValueError(f"pool_{name} must be a non-negative int, got {value!r}")
+    _CONFIG.update(workers=pool_workers, min_chars=pool_min_chars, options=pool_options,
+                   knobs=knobs)
+
+
+def knobs() -> dict[str, Any]:
+    """The keyword arguments for a new :class:`dtok.Tokenizer`."""
+    if _CONFIG["knobs"] is not None:
+        return dict(_CONFIG["knobs"])
+    raw = os.environ.get("DTOK_KNOBS")
+    try:
+        value = json.loads(raw) if raw else {}
+        if not isinstance(value, dict):
+            raise ValueError("not a JSON object")
+        return value
+    except ValueError as exc:
+        log.warning("dtok: DTOK_KNOBS=%r ignored: %s", raw, exc)
+        return {}
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return max(0, int(os.environ.get(name, default)))
+    except ValueError:
+        log.warning("dtok: %s=%r is not an int; using %d", name, os.environ.get(name), default)
+        return default
+
+
+def pool_workers() -> int:
+    return (_CONFIG["workers"] if _CONFIG["workers"] is not None
+            else _env_int("DTOK_POOL_WORKERS", 0))
+
+
+def pool_min_chars() -> int:
+    return (_CONFIG["min_chars"] if _CONFIG["min_chars"] is not None
+            else _env_int("DTOK_POOL_MIN_CHARS", 16384))
+
+
+# The open-loop testbed's best design (README, Benchmarks): the Pool's own shortest-first order
+# and aging, with small chunks.
+POOL_DEFAULTS = {"chunks_per_worker": 8, "name": "serving"}
+
+
+class PoolSlot:
+    """One pool for one dtok tokenizer, started in a background thread on first use."""
+
+    def __init__(self, tok, workers: int) -> None:
+        self.pool = None
+        self.error: str | None = None
+        self.ready = threading.Event()
+        threading.Thread(target=self._start, args=(tok, workers), name="dtok-pool-start",
+                         daemon=True).start()
+
+    def _start(self, tok, workers: int) -> None:
+        import dtok
+
+        try:
+            self.pool = dtok.Pool(tok, workers=workers,
+                                  **{**POOL_DEFAULTS, **(_CONFIG["options"] or {})})
+            log.info("dtok: pool of %d workers ready", workers)
+        except Exception as exc:  # noqa: BLE001 - in process is always exact
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.warning("dtok: no pool, encoding in process: %s", self.error)
+        finally:
+            self.ready.set()

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""RSS of one process encoding ~1 GB of distinct text through dtok (the memory bound of issue 19).
+
+    python tools/rss_distinct_text.py [--file qwen3] [--gigabytes 1] [--lane default|gigatoken]
+                                      [--renew-chars N]
+
+Documents of 1M characters are corpus text (prose, code, multilingual, adversarial in turn)
+with the lowercase letters permuted by a fresh random permutation per document: every word is
+new, so an encoder's pre-token cache sees mostly pre-tokens it has not seen (the worst case for
+gigatoken 0.10.0's unbounded cache). ``--lane gigatoken`` makes gigatoken take every piece
+first (the router's private lane, as the tests' ``with_giga``), ``default`` is dtok as loaded.
+Every 50M characters: RSS (VmRSS), its peak (VmHWM), and gigatoken's renewals. IDs are not
+compared here (the tests do that); this measures memory only.
+"""
+import argparse
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def status(key: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) // 1024
+    return -1
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--file", default="qwen3")
+    ap.add_argument("--gigabytes", type=float, default=1.0)
+    ap.add_argument("--lane", choices=("default", "gigatoken"), default="default")
+    ap.add_argument("--renew-chars", type=int, default=None)
+    args = ap.parse_args()
+    import dtok
+    from conftest import load_tokenizer, read_text
+
+    tok = load_tokenizer(args.file, content_lookup=False)
+    if args.lane == "gigatoken":
+        from test_fast import with_giga
+
+        tok = with_giga(tok, renew_chars=args.renew_chars)
+    giga = tok._second.encoder if tok._second is not None else None
+    print(f"dtok {dtok.__version__ if hasattr(dtok, '__version__') else ''} {args.file}: encoder "
+          f"{tok.encoder.name}, second {giga and giga.name} classes {sorted(tok._second_classes)}"
+          f" renew_chars {giga and giga.renew_chars}; loaded RSS {status('VmRSS')} MiB", flush=True)
+    sources = [read_text("prose", "gutenberg-2701_moby-dick.txt"),
+               read_text("code", "javascript__lodash__lodash.js.txt"),
+               read_text("multilingual", "udhr_all-languages_concatenated.txt"),
+               read_text("adversarial", "ws_unicode-spaces_moby-dick.txt") * 8]
+    rng = random.Random(19)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    total, target, doc_chars, next_report = 0, int(args.gigabytes * 1e9), 1_000_000, 0
+    t0 = time.time()
+    i = 0
+    while total < target:
+        src = sources[i % len(sources)]
+        start = rng.randrange(max(1, len(src) - doc_chars))
+        perm = list(letters)
+        rng.shuffle(perm)
+        doc = src[start:start + doc_chars].translate(str.maketrans(letters, "".join(perm)))
+        tok.encode(doc)
+        total += len(doc)
+        i += 1
+        if total >= next_report:
+            print(f"{total / 1e6:7.0f}M chars  RSS {status('VmRSS'):5d} MiB  peak {status('VmHWM'):5d}"
+                  f" MiB  renewals {giga.renewals if giga else '-'}  {time.time() - t0:.0f} s",
+                  flush=True)
+            next_report += 50_000_000
+    print(f"done: {total / 1e6:.0f}M chars in {i} documents, {time.time() - t0:.0f} s, load "
+          f"{os.getloadavg()[0]:.2f}; RSS {status('VmRSS')} MiB, peak {status('VmHWM')} MiB")
+
+
+if __name__ == "__main__":
+    main()
