@@ -21,9 +21,17 @@ the text, so a request that matches nothing stored costs microseconds. The choic
 guess: the continuation then compares the texts themselves (the common prefix, the reused
 stretches) before anything is reused, so a fingerprint collision can waste work, never change
 IDs.
+
+*Scopes* keep tenants apart (``scope=``: e.g. a serving engine's ``cache_salt`` and model): a
+keyed session is stored under ``(scope, key)`` (:func:`scoped_key`), so the same key in two
+scopes names two sessions, and content lookup fingerprints a text with a key derived from its
+scope, so a text is only ever continued from one stored under the same scope. Without the
+latter, the time a request takes would tell its sender how much of another tenant's stored
+text it shares.
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import sys
@@ -71,18 +79,50 @@ def affixed_view(ids, special: bool, n_prefix: int, n_suffix: int) -> memoryview
     return ids.view() if special else ids.view(n_prefix, len(ids) - n_suffix)
 
 
-def kept_list(lists: dict, special: bool, view: memoryview, keep: int, n_prefix: int) -> list:
-    """The list kept in ``lists`` for ``special`` (add_special_tokens), brought to ``view`` in
-    O(changed IDs): ``keep`` leading IDs (post-processor prefix included) are unchanged since its
-    last update (:class:`~dtok_ext.buffers.IdList`). Releases the view. Sessions and the pool's
-    sessions keep their lists this way."""
-    lst = lists.get(special)
-    if lst is None:
-        lst = lists[special] = IdList()
-    try:
-        return lst.update(view, keep if special else max(0, keep - n_prefix))
-    finally:
-        view.release()
+class KeptLists:
+    """The lists ``encode_list`` handed out for one session, one per ``add_special_tokens``
+    value, each brought up to date in O(changed IDs) (:class:`~dtok_ext.buffers.IdList`).
+
+    Every result of the session, a view too, is noted with how many leading IDs (post-processor
+    prefix included) it left unchanged: a list last brought up to date several requests ago is
+    stale from the lowest of their change points, not only from the last one's. Sessions and
+    the pool's sessions keep their lists this way."""
+
+    __slots__ = ("_lists", "_keep")
+
+    def __init__(self) -> None:
+        self._lists: dict[bool, IdList] = {}
+        self._keep: dict[bool, int] = {}  # leading IDs unchanged since each list's last update
+
+    def note(self, keep: int) -> None:
+        """A request left ``keep`` leading IDs of the session as they were."""
+        for special in self._lists:
+            self._keep[special] = min(self._keep.get(special, keep), keep)
+
+    def get(self, special: bool, view: memoryview, n_prefix: int) -> list:
+        """The list for ``special``, brought to ``view`` (after :meth:`note`). Releases the
+        view."""
+        lst = self._lists.get(special)
+        if lst is None:
+            lst = self._lists[special] = IdList()
+        keep = self._keep.pop(special, 0)
+        try:
+            return lst.update(view, keep if special else max(0, keep - n_prefix))
+        finally:
+            view.release()
+
+    def clear(self) -> None:
+        self._lists.clear()
+        self._keep.clear()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(lst.nbytes for lst in self._lists.values())
+
+    @property
+    def made(self) -> int:
+        """Lists made whole (neither updated in place nor from a spare)."""
+        return sum(lst.made for lst in self._lists.values())
 
 
 def _headroom(n: int) -> int:
@@ -101,6 +141,20 @@ def checkpoints(n: int) -> list[int]:
     return out
 
 
+@dataclass(frozen=True)
+class ScopedKey:
+    """A session key inside a scope: equal only to the same key in the same scope (never to a
+    plain key or tuple a caller might pass)."""
+
+    scope: Hashable
+    key: Hashable
+
+
+def scoped_key(key: Hashable, scope: Hashable | None) -> Hashable:
+    """The key a session is stored under: ``key`` itself without a scope."""
+    return key if scope is None else ScopedKey(scope, key)
+
+
 class ContentIndex:
     """Stored texts by keyed fingerprints of their prefixes (see the module docstring): which
     stored text most likely shares the longest prefix with a new one. Items are any objects with
@@ -110,15 +164,26 @@ class ContentIndex:
     def __init__(self) -> None:
         self._by_end: dict[tuple[int, int], Any] = {}
         self._by_ckpt: dict[tuple[int, int], set] = {}
-        self._key = int.from_bytes(os.urandom(8), "little")  # clients cannot aim for collisions
+        self._secret = os.urandom(16)
+        self._key = int.from_bytes(self._secret[:8], "little")  # clients cannot aim for collisions
 
-    def find(self, text: str) -> tuple[Any, tuple]:
+    def _scope_key(self, scope: Hashable | None) -> int:
+        """The fingerprint key of a scope: texts of different scopes never share a key, so
+        never match (repr: the scope's values, unambiguous for str, int, None and tuples)."""
+        if scope is None:
+            return self._key
+        h = hashlib.blake2b(repr(scope).encode("utf-8", "surrogatepass"), digest_size=8,
+                            key=self._secret)
+        return int.from_bytes(h.digest(), "little")
+
+    def find(self, text: str, scope: Hashable | None = None) -> tuple[Any, tuple]:
         """(the best stored item or None, the keys of `text` for :meth:`add`): the item whose
         end fingerprint matches (a whole prefix, the longest), else the most recently used of
-        those matching the deepest checkpoint."""
+        those matching the deepest checkpoint; only items added with this ``scope``'s keys."""
         n = len(text)
         stops = checkpoints(n)
-        fps = fingerprints(text, [*stops, n], self._key)
+        fkey = self._scope_key(scope)
+        fps = fingerprints(text, [*stops, n], fkey)
         ckpt_keys = tuple(zip(stops, fps))
         best = self._by_end.get((n, fps[-1]))  # the same text, or one equal at its end
         deepest: list = []
@@ -129,7 +194,7 @@ class ContentIndex:
             deepest = list(found)
         if best is None and deepest:
             ends = sorted({e.end_key[0] for e in deepest if e.end_key[0] < n}, reverse=True)
-            for end, fp in zip(ends, fingerprints(text, ends, self._key)):
+            for end, fp in zip(ends, fingerprints(text, ends, fkey)):
                 best = next((e for e in deepest if e.end_key == (end, fp)), None)
                 if best is not None:
                     break
@@ -175,7 +240,7 @@ class Entry:
     evicted: bool = False
     used: int = 0  # store clock at last use (content lookup prefers the most recent)
     unchanged: int = 0  # leading IDs (prefix included) the last request left as they were
-    lists: dict = field(default_factory=dict)  # add_special_tokens -> IdList (encode_list)
+    lists: KeptLists = field(default_factory=KeptLists)  # what encode_list handed out
     # The buffer that was current before the last copy on write (a caller held a view of it),
     # kept for the next one: its first ``spare_valid`` IDs still equal ``buf``'s.
     spare: IdBuffer | None = None
@@ -251,7 +316,7 @@ class SessionStore:
                     "text_bytes": sum(sys.getsizeof(e.text) for e in live),
                     "id_bytes": sum(e.buf.nbytes for e in live if e.buf is not None),
                     "anchor_bytes": sum(e.anchors.nbytes for e in live if e.anchors is not None),
-                    "lists_made": sum(lst.made for e in live for lst in e.lists.values()),
+                    "lists_made": sum(e.lists.made for e in live),
                     **self._counts}
 
     def describe(self) -> dict[str, Any]:
@@ -280,13 +345,13 @@ class SessionStore:
                 with self._lock:
                     self._account(entry)
 
-    def encode_lookup(self, text: str, add_special_tokens: bool,
-                      as_list: bool = False) -> memoryview | list:
+    def encode_lookup(self, text: str, add_special_tokens: bool, as_list: bool = False,
+                      scope: Hashable | None = None) -> memoryview | list:
         """Content lookup for a text of at least LOOKUP_MIN_CHARS characters: continue from the
-        stored text sharing the longest prefix, which the result replaces when it reused most of
-        it."""
+        stored text of the same ``scope`` sharing the longest prefix, which the result replaces
+        when it reused most of it."""
         with self._lock:
-            found, keys = self._index.find(text)
+            found, keys = self._index.find(text, scope)
         self._count("lookups")
         entry = Entry(None)
         if found is not None:
@@ -313,7 +378,8 @@ class SessionStore:
         self._publish(entry, keys)
         return result
 
-    def explain(self, text: str, key: Hashable | None) -> dict[str, Any]:
+    def explain(self, text: str, key: Hashable | None,
+                scope: Hashable | None = None) -> dict[str, Any]:
         """What a request for ``text`` would do (with ``key``, or by content lookup), and why:
         a continuation's route, seams and reused stretches; only a ``session`` note when the text
         is encoded whole (by the stateless route, whose plan the caller explains). Changes no
@@ -326,7 +392,7 @@ class SessionStore:
             if not self.content_lookup or len(text) < LOOKUP_MIN_CHARS:
                 return {}
             with self._lock:
-                entry = self._index.find(text)[0]
+                entry = self._index.find(text, scope)[0]
             source = "content lookup"
         old = entry.text if entry is not None else None
         if old is None:
@@ -431,9 +497,10 @@ class SessionStore:
         """The entry's IDs for the caller: a view, or its kept list (caller holds its lock)."""
         b = self._bodies
         view = affixed_view(entry.buf, special, len(b.prefix), len(b.suffix))
+        entry.lists.note(entry.unchanged)
         if not as_list:
             return view
-        return kept_list(entry.lists, special, view, entry.unchanged, len(self._bodies.prefix))
+        return entry.lists.get(special, view, len(b.prefix))
 
     def _count(self, name: str) -> None:
         with self._lock:
@@ -475,7 +542,7 @@ class SessionStore:
         size = (sys.getsizeof(entry.text) + (entry.buf.nbytes if entry.buf is not None else 0)
                 + (entry.spare.nbytes if entry.spare is not None else 0)
                 + (entry.anchors.nbytes if entry.anchors is not None else 0)
-                + sum(lst.nbytes for lst in entry.lists.values()))
+                + entry.lists.nbytes)
         self._bytes += size - entry.nbytes
         entry.nbytes = size
         self._touch(entry)

@@ -15,7 +15,7 @@ from dtok import guards, tables
 from dtok.admission import Admission, TokenizerFiles, admit, bundled_files, read_files
 from dtok.encoders import (FastEncoder, FastEncoderError, GigaEncoder, ReferenceEncoder,
                            fastokens_version, gigatoken_version)
-from dtok.sessions import LOOKUP_MIN_CHARS, SessionStore, affixed_view
+from dtok.sessions import LOOKUP_MIN_CHARS, SessionStore, affixed_view, scoped_key
 from dtok_ext.buffers import IdBuffer, ids_from_list
 from dtok_ext.cuts import CutRules
 from dtok_ext.specials import SpecialMatcher
@@ -335,12 +335,15 @@ class Tokenizer:
     # --- encoding -------------------------------------------------------------------------
 
     def encode(self, text: str, *, session: Hashable | None = None,
-               add_special_tokens: bool = True) -> memoryview:
+               add_special_tokens: bool = True, scope: Hashable | None = None) -> memoryview:
         """IDs of ``text``, exactly as ``reference.encode(text, add_special_tokens=...).ids``.
 
         With ``session=key``, the text and IDs are kept: when the next text for the key extends
         the stored one, only a short tail is re-encoded. Without a key, texts of ``LOOKUP_MIN_CHARS``
         (4096) characters or more are looked up by content (knob ``content_lookup``).
+        ``scope`` (a tenant: e.g. a serving engine's ``cache_salt`` and model) keeps sessions and
+        content lookup apart: the same key in another scope is another session, and a text is
+        only continued from one stored under its scope.
 
         >>> tok = Tokenizer.default()
         >>> list(tok.encode("<|im_start|>user\\nhi<|im_end|>"))
@@ -351,10 +354,10 @@ class Tokenizer:
         >>> list(b)[: len(a)] == list(a), tok.sessions.stats()["repairs"]
         (True, 1)
         """
-        return self._encode(text, session, add_special_tokens, False)
+        return self._encode(text, session, add_special_tokens, False, scope)
 
     def encode_list(self, text: str, *, session: Hashable | None = None,
-                    add_special_tokens: bool = True) -> list[int]:
+                    add_special_tokens: bool = True, scope: Hashable | None = None) -> list[int]:
         """:meth:`encode` as a ``list[int]`` (what serving engines take). For a session (or a
         content-lookup entry) the list is kept and updated for the changed IDs only, in place
         when nobody else holds it; a list held elsewhere never changes.
@@ -363,16 +366,17 @@ class Tokenizer:
         >>> tok.encode_list("Hello, world!")
         [9707, 11, 1879, 0]
         """
-        return self._encode(text, session, add_special_tokens, True)
+        return self._encode(text, session, add_special_tokens, True, scope)
 
-    def _encode(self, text, session, add_special_tokens, as_list):
+    def _encode(self, text, session, add_special_tokens, as_list, scope=None):
         if type(text) is not str or type(add_special_tokens) is not bool or self.rules is None:
             view = memoryview(self._whole(text, add_special_tokens))
             return view.tolist() if as_list else view
         if session is not None:
-            return self.sessions.encode_keyed(text, session, add_special_tokens, as_list)
+            return self.sessions.encode_keyed(text, scoped_key(session, scope),
+                                              add_special_tokens, as_list)
         if self.sessions.content_lookup and len(text) >= LOOKUP_MIN_CHARS:
-            return self.sessions.encode_lookup(text, add_special_tokens, as_list)
+            return self.sessions.encode_lookup(text, add_special_tokens, as_list, scope)
         a = self.admission
         view = affixed_view(self._encode_buffer(text), add_special_tokens, len(a.prefix),
                             len(a.suffix))
@@ -603,7 +607,8 @@ class Tokenizer:
 
     # --- introspection --------------------------------------------------------------------
 
-    def explain(self, text: str, *, session: Hashable | None = None) -> dict[str, Any]:
+    def explain(self, text: str, *, session: Hashable | None = None,
+                scope: Hashable | None = None) -> dict[str, Any]:
         """Which route ``encode(text)`` takes, where it cuts, and why (changes no state).
 
         >>> Tokenizer.default().explain("short text")["route"]
@@ -625,7 +630,8 @@ class Tokenizer:
             return {**info, "route": "reference",
                     "why": "not admitted: " + "; ".join(self.admission.reasons)}
         if session is not None or self.sessions.content_lookup:
-            found = self.sessions.explain(text, session)  # a continuation, or only a note
+            found = self.sessions.explain(  # a continuation, or only a note
+                text, None if session is None else scoped_key(session, scope), scope)
             if "route" in found:
                 return {**info, **found}
             info.update(found)

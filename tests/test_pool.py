@@ -385,3 +385,41 @@ def test_pool_knobs_left_unset_are_the_tokenizers():
         assert pool.stats()["chunked"] == 1  # 60,000 >= 50,000 (the global default: 131,072)
     with Pool(tok, workers=1, name="knobs2", chunk_threshold=70_000) as pool:
         assert (pool.chunk_threshold, pool.chunk_target) == (70_000, 20_000)
+
+
+def test_pool_lists_stay_exact_between_views_and_other_flavours(pools):
+    from test_sessions import _mixed_result_turns
+
+    pool = pools("qwen3")
+    text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:20_000]
+    turns = _mixed_result_turns(text, random.Random(4))
+    got = [pool.encode_list(t, session="mixed", add_special_tokens=sp) if as_list
+           else list(pool.encode(t, session="mixed", add_special_tokens=sp))
+           for t, sp, as_list in turns]
+    assert got == [ref_ids(pool.tokenizer, t, sp) for t, sp, _ in turns]
+
+
+def test_pool_scopes_never_share_sessions_or_content(pools):
+    """As in-process (test_sessions): the same session id in two scopes (tenants) reuses
+    nothing, in one scope it does; unkeyed texts continue only texts of their own scope."""
+    pool = pools("qwen3")
+    tok = pool.tokenizer
+    base = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:30_000]
+    turns = [base + "".join(f" turn {j}." for j in range(i + 1)) for i in range(3)]
+    before = pool.stats()
+    delta = lambda k: pool.stats()[k] - before[k]  # noqa: E731
+    for scope in [("a:b", None), ("a", "b:")]:
+        assert list(pool.encode(turns[0], session="tenancy", scope=scope)) == ref_ids(tok, turns[0])
+    assert (delta("session_inits"), delta("session_repairs"), delta("session_edits"),
+            delta("session_hits")) == (2, 0, 0, 0)
+    assert pool.encode_list(turns[1], session="tenancy", scope=("a:b", None)) == \
+        ref_ids(tok, turns[1])
+    assert delta("session_repairs") == 1
+    # content lookup: tenant B's unkeyed text finds nothing of tenant A's
+    other = read_text("prose", "gutenberg-2701_moby-dick.txt")[:20_000]
+    assert list(pool.encode(other, scope=("A", None))) == ref_ids(tok, other)
+    assert list(pool.encode(other + " more", scope=("B", None))) == ref_ids(tok, other + " more")
+    assert (delta("lookups"), delta("lookup_hits")) == (2, 0)
+    # within tenant A, a salted request without a session id continues its conversation
+    assert list(pool.encode(other + " more", scope=("A", None))) == ref_ids(tok, other + " more")
+    assert delta("lookup_hits") == 1 and delta("session_repairs") == 2

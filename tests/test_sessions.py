@@ -226,6 +226,67 @@ def test_explain_session_route():
     assert ex["route"] == "session repair" and ex["cuts"][0] <= len(text)
 
 
+def _mixed_result_turns(text: str, rng: random.Random) -> list[tuple[str, bool, bool]]:
+    """Turns of one conversation — appends and edits anywhere — each asked as a view or a list,
+    with or without special tokens, in random order (what the soak found: a list brought up to
+    date from the last request's change point only, when an earlier request of the other kind
+    had changed IDs before it)."""
+    turns, cur = [], text[:3000]
+    for i in range(40):
+        if rng.random() < 0.6:
+            cur += text[3000 + 200 * i : 3200 + 200 * i]
+        else:
+            pos = rng.randrange(len(cur))
+            cur = cur[:pos] + rng.choice(["X", " the", "\n\n", "é"]) + cur[pos + rng.randint(0, 9):]
+        turns.append((cur, rng.random() < 0.5, rng.random() < 0.5))
+    return turns
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama3-tiny"])
+def test_lists_stay_exact_between_views_and_other_flavours(name):
+    tok = load_tokenizer(name).with_knobs()
+    text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:20_000]
+    turns = _mixed_result_turns(text, random.Random(3))
+    got = [tok.encode_list(t, session="c", add_special_tokens=sp) if as_list
+           else list(tok.encode(t, session="c", add_special_tokens=sp)) for t, sp, as_list in turns]
+    assert got == [ref_ids(tok, t, sp) for t, sp, _ in turns]
+
+
+def test_scopes_never_share_sessions_or_content():
+    """Tenants (scopes: a serving engine's cache_salt and model) never continue each other's
+    text: with the same session id in two scopes nothing is reused, in one scope it is; content
+    lookup the same. A scope whose values contain what would be a separator in a joined string
+    is still another scope."""
+    tok = load_tokenizer("qwen3").with_knobs()
+    base = read_text("prose", "gutenberg-2701_moby-dick.txt")[:30_000]
+    turns = [base + "".join(f" turn {j}." for j in range(i + 1)) for i in range(3)]
+    reused = lambda s: s["repairs"] + s["edits"] + s["hits"]  # noqa: E731
+    scopes = [("a:b", None), ("a", "b:"), ("a", "b"), None]
+    for scope in scopes:  # the first turn of the same session id in each scope: a full encode
+        assert list(tok.encode(turns[0], session="conv", scope=scope)) == ref_ids(tok, turns[0])
+    s = tok.sessions.stats()
+    assert (s["full_encodes"], reused(s), s["keyed"]) == (4, 0, 4), s
+    for scope in scopes:  # the next turn in each scope continues its own session
+        assert list(tok.encode(turns[1], session="conv", scope=scope)) == ref_ids(tok, turns[1])
+    assert tok.sessions.stats()["repairs"] == 4
+    # a plain key that looks like a scoped one is not the scoped session
+    assert list(tok.encode(turns[2], session=(("a", "b"), "conv"))) == ref_ids(tok, turns[2])
+    assert tok.sessions.stats()["full_encodes"] == 5
+
+    look = tok.with_knobs()
+    assert list(look.encode(turns[0], scope=("A", None))) == ref_ids(look, turns[0])
+    assert list(look.encode(turns[1], scope=("B", None))) == ref_ids(look, turns[1])
+    s = look.sessions.stats()
+    assert (s["lookups"], s["lookup_hits"], reused(s), s["full_encodes"]) == (2, 0, 0, 2), s
+    # within one scope, a salted request without a session id continues its conversation
+    assert list(look.encode(turns[1], scope=("A", None))) == ref_ids(look, turns[1])
+    assert list(look.encode(turns[2], scope=("A", None))) == ref_ids(look, turns[2])
+    s = look.sessions.stats()
+    assert (s["repairs"], s["full_encodes"]) == (2, 2), s
+    assert look.explain(turns[2] + "x", scope=("C", None)).get("route") != "session repair"
+    assert look.explain(turns[2] + "x", scope=("A", None))["route"] == "session repair"
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_held_views_go_to_the_spare_buffer_and_never_change(seed):
     """A caller holding the previous turn's view: the next turn is written into the buffer

@@ -24,17 +24,21 @@ def hf(name):
 
 
 def test_session_key_order():
+    K = engine.RequestKey
     r = SimpleNamespace(session_id="s1", routing_key="rk", cache_salt="c", rid="conv:7")
     raw = SimpleNamespace(headers={"x-smg-routing-key": "hdr"})
-    assert hook.session_key(r, ":") == "sid:s1"
+    assert hook.session_key(r, ":") == K(("sid", "s1"), ("c", None))
     r.session_id = None
-    assert hook.session_key(r, ":") == "sid:rk"  # the model gateway's routing key
+    assert hook.session_key(r, ":") == K(("sid", "rk"), ("c", None))  # the gateway's routing key
     r.routing_key = None
-    assert hook.session_key(r, ":", raw) == "sid:hdr"  # chat path: from the HTTP header
-    assert hook.session_key(r, ":") == "salt:c"
+    assert hook.session_key(r, ":", raw) == K(("sid", "hdr"), ("c", None))  # chat: the header
+    assert hook.session_key(r, ":") == K(("rid", "conv"), ("c", None))
+    assert hook.session_key(r, None) == K(None, ("c", None))  # the salt alone: lookup in it
     r.cache_salt = ""
-    assert hook.session_key(r, ":") == "rid:conv"
+    assert hook.session_key(r, ":") == K(("rid", "conv"), None)
     assert hook.session_key(r, None) is None  # no separator configured
+    r.lora_path = "adapter-1"  # a LoRA adapter scopes too
+    assert hook.session_key(r, ":") == K(("rid", "conv"), (None, "adapter-1"))
     assert hook.session_key(SimpleNamespace(rid="abc"), ":") is None
 
 
@@ -186,7 +190,7 @@ def test_install_patches_by_hand(monkeypatch):
     assert f"{hook._TM}._tokenize_one_request" in done
     assert hook.install() == []  # idempotent
     out = asyncio.run(TokenizerManager()._tokenize_one_request(SimpleNamespace(session_id="k")))
-    assert out == "ok" and calls == ["sid:k"]
+    assert out == "ok" and calls == [engine.RequestKey(("sid", "k"), None)]
 
 
 def test_register_is_opt_in(monkeypatch):
@@ -232,3 +236,45 @@ def test_real_sglang():
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert "dtok ON" in run.stdout and "mismatches=0" in run.stdout
     assert "mismatches=1" not in run.stdout
+
+
+def test_tenants_never_share_sessions_through_the_hook():
+    """Through the hooked _tokenize_one_request: the same session id under two cache salts is
+    two sessions (nothing reused), under one salt it continues; a salted request without a
+    session id continues its own tenant's conversation by content lookup, never another's."""
+    tok = hf("qwen3")
+    tm = FakeTokenizerManager(tok)
+    orig_texts = FakeTokenizerManager._tokenize_texts
+    orig_one = FakeTokenizerManager._tokenize_one_request
+
+    async def texts(self, t, is_cross_encoder=False):
+        return await hook._tokenize_texts(orig_texts, self, t, is_cross_encoder)
+
+    async def one(self, obj):
+        return await hook._tokenize_one_request(orig_one, self, obj)
+
+    tm._tokenize_texts = types.MethodType(texts, tm)
+    tm._tokenize_one_request = types.MethodType(one, tm)
+    assert hook.dtok_for(tok) is not None
+    sessions = hook.dtok_for(tok).dtok.sessions
+    base = read_text("prose", "gutenberg-2701_moby-dick.txt")[:30000]
+    turns = [base + "".join(f"\nturn {j}" for j in range(i + 1)) for i in range(3)]
+
+    def ask(text, salt, sid=None):
+        req = SimpleNamespace(text=text, session_id=sid, cache_salt=salt, rid="r")
+        got = asyncio.run(tm._tokenize_one_request(req))
+        assert list(got) == tok([text])["input_ids"][0]
+
+    s0 = sessions.stats()
+    delta = lambda k: sessions.stats()[k] - s0[k]  # noqa: E731
+    ask(turns[0], "tenant-A", "same-id")
+    ask(turns[1], "tenant-B", "same-id")  # B's first turn: A's text is not reused
+    assert (delta("full_encodes"), delta("repairs"), delta("edits")) == (2, 0, 0)
+    ask(turns[2], "tenant-A", "same-id")
+    assert delta("repairs") == 1
+    other = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:20000]
+    ask(other, "tenant-C")
+    ask(other + "\nmore", "tenant-D")  # D finds nothing of C's
+    assert (delta("lookups"), delta("lookup_hits"), delta("repairs")) == (2, 0, 1)
+    ask(other + "\nmore", "tenant-C")  # C continues its own conversation
+    assert (delta("lookup_hits"), delta("repairs")) == (1, 2)

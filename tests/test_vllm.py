@@ -39,21 +39,29 @@ def hf(name):
 
 
 def test_session_key_order():
+    K = engine.RequestKey
     raw = SimpleNamespace(headers={"X-Session-ID": "hdr", "X-Request-Id": "conv:9"})
     req = SimpleNamespace(session_id="body", vllm_xargs={"session_id": "xa"}, cache_salt="salt",
                           request_id="body-conv:1")
-    assert plugin.session_key(req, raw, ":") == "sid:body"
+    assert plugin.session_key(req, raw, ":") == K(("sid", "body"), ("salt", None))
     req.session_id = None
-    assert plugin.session_key(req, raw, ":") == "sid:hdr"
+    assert plugin.session_key(req, raw, ":") == K(("sid", "hdr"), ("salt", None))
     raw.headers.pop("X-Session-ID")
-    assert plugin.session_key(req, raw, ":") == "sid:xa"  # vLLM's own third source
+    assert plugin.session_key(req, raw, ":") == K(("sid", "xa"), ("salt", None))  # vLLM's third
     req.vllm_xargs = None
-    assert plugin.session_key(req, raw, ":") == "salt:salt"
-    req.cache_salt = None
-    assert plugin.session_key(req, raw, ":") == "rid:conv"  # the header's request id first
-    assert plugin.session_key(req, None, ":") == "rid:body-conv"
+    assert plugin.session_key(req, raw, ":") == K(("rid", "conv"), ("salt", None))
+    assert plugin.session_key(req, raw, None) == K(None, ("salt", None))  # lookup in the salt
+    req.model = "lora-b"  # the served model (a LoRA adapter's name) scopes too
+    assert plugin.session_key(req, raw, None) == K(None, ("salt", "lora-b"))
+    req.cache_salt = req.model = None
+    assert plugin.session_key(req, raw, ":") == K(("rid", "conv"), None)  # the header's id first
+    assert plugin.session_key(req, None, ":") == K(("rid", "body-conv"), None)
     assert plugin.session_key(req, raw, None) is None  # no separator configured
     assert plugin.session_key(SimpleNamespace(), None, ":") is None
+    # a salt holding what a joined string would use as a separator is still another tenant
+    a = engine.session_key(session_id="x", cache_salt="t:sid:y")
+    b = engine.session_key(session_id="y:sid:x", cache_salt="t")
+    assert a != b and hash(a) != hash(b)
 
 
 def test_engine_docstring_examples():
@@ -371,3 +379,32 @@ def test_real_vllm(mode):
         assert "dtok ON" in run.stdout and last.endswith(" 0 mismatches"), last
     else:
         assert last.endswith("differences found") and "NO DIFF" not in last, last
+
+
+def test_pool_backed_tenants_never_share_state(pooled):
+    """Through the pool route: the same session id under two cache salts reuses nothing, under
+    one it does; salted requests without a session id continue only their own tenant's text."""
+    hook, tok, wrapper, pool = pooled
+    assert pool is not None, hook.pool_state()
+    base = read_text("prose", "gutenberg-2701_moby-dick.txt")[:30000]
+    turns = [base + "".join(f" turn {j}." for j in range(i + 1)) for i in range(3)]
+    s0 = pool.stats()
+    delta = lambda k: pool.stats()[k] - s0[k]  # noqa: E731
+
+    def ask(text, salt, sid=None, model=None):
+        key = engine.session_key(session_id=sid, cache_salt=salt, model=model)
+        ids = asyncio.run(hook.encode_async(wrapper, text, engine.EncodeOptions(), key))
+        assert ids == tok(text)["input_ids"]
+
+    ask(turns[0], "A", "same-id")
+    ask(turns[1], "B", "same-id")
+    ask(turns[1], "A", "same-id", model="lora-x")  # another adapter: another tenant
+    assert (delta("session_inits"), delta("session_repairs")) == (3, 0)
+    ask(turns[2], "A", "same-id")
+    assert delta("session_repairs") == 1
+    other = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:20000]
+    ask(other, "C")
+    ask(other + " more", "D")
+    assert delta("lookup_hits") == 0
+    ask(other + " more", "C")
+    assert delta("lookup_hits") == 1

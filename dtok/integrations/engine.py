@@ -27,10 +27,18 @@ half of a stored one continues it).
 ``DTOK_STATS_FILE=PATH`` (``{pid}`` expands to the process id): each hook's
 :meth:`EngineHook.report` is written there as JSON when the process exits.
 
+Tenants: a request's key is its session (a session id, else the request id's prefix) inside
+its scope (``cache_salt`` and the served model or LoRA adapter, where the engine says): dtok
+passes both to the pool or the tokenizer, which keep sessions and content lookup of different
+scopes apart, so the same session id under two salts names two sessions, and a salted request
+without a session id continues its own conversation by content lookup inside its tenant.
+
 >>> session_key(session_id="conv-1", cache_salt="tenant")
-'sid:conv-1'
+RequestKey(session=('sid', 'conv-1'), scope=('tenant', None))
 >>> session_key(request_id="conv-7:turn-3", rid_separator=":")
-'rid:conv-7'
+RequestKey(session=('rid', 'conv-7'), scope=None)
+>>> session_key(cache_salt="tenant", model="lora-a")
+RequestKey(session=None, scope=('tenant', 'lora-a'))
 """
 from __future__ import annotations
 
@@ -38,6 +46,7 @@ import atexit
 import collections
 import contextlib
 import contextvars
+import hashlib
 import json
 import logging
 import os
@@ -45,7 +54,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Hashable, Iterator, NamedTuple
 
 from dtok.integrations import config, identity
 from dtok.integrations.config import configure
@@ -53,28 +62,60 @@ from dtok.integrations.transformers import wrap
 
 log = logging.getLogger("dtok.integrations")
 
-__all__ = ["SESSION_KEY", "EncodeOptions", "EngineHook", "bound_key", "configure",
+__all__ = ["SESSION_KEY", "EncodeOptions", "EngineHook", "RequestKey", "bound_key", "configure",
            "encode_options", "session_key"]
 
-#: The session key of the request being served (set where the engine parses the request).
-SESSION_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("dtok_session_key",
-                                                                         default=None)
+
+class RequestKey(NamedTuple):
+    """Where dtok keeps a request's state: ``session`` (``("sid", id)``, ``("rid", prefix)``, or
+    None: content lookup) inside ``scope`` (``(cache_salt, model)``, None when neither is
+    known). Tuples: no separator a salt or id could contain makes two tenants' keys equal."""
+
+    session: Hashable | None
+    scope: Hashable | None
+
+
+#: The key of the request being served (set where the engine parses the request).
+SESSION_KEY: contextvars.ContextVar[RequestKey | None] = contextvars.ContextVar(
+    "dtok_session_key", default=None)
+
 
 def session_key(*, session_id: Any = None, cache_salt: Any = None, request_id: Any = None,
-                rid_separator: str | None = None) -> str | None:
-    """The session key, first found: a session id, the cache salt, the request id up to
-    ``rid_separator`` (when set and present); None means dtok's content lookup."""
+                rid_separator: str | None = None, model: Any = None) -> RequestKey | None:
+    """The request's key: its session, first found (a session id, the request id up to
+    ``rid_separator`` when set and present), inside its scope (the cache salt and the served
+    model or adapter); None: neither (content lookup, unscoped)."""
+    salt = _bounded(cache_salt) if isinstance(cache_salt, str) and cache_salt else None
+    model = _bounded(model) if isinstance(model, str) and model else None
+    scope = None if salt is None and model is None else (salt, model)
+    session = None
     if isinstance(session_id, str) and session_id:
-        return "sid:" + session_id
-    if isinstance(cache_salt, str) and cache_salt:
-        return "salt:" + cache_salt
-    if rid_separator and isinstance(request_id, str) and rid_separator in request_id:
-        return "rid:" + request_id.split(rid_separator, 1)[0]
-    return None
+        session = ("sid", _bounded(session_id))
+    elif rid_separator and isinstance(request_id, str) and rid_separator in request_id:
+        session = ("rid", _bounded(request_id.split(rid_separator, 1)[0]))
+    return None if session is None and scope is None else RequestKey(session, scope)
+
+
+KEY_CHARS = 256  # a longer id, salt or model name is kept as its SHA-256
+
+
+def _bounded(value: str) -> str | tuple[str, str]:
+    """A client's string as kept in a key: itself, or past KEY_CHARS its SHA-256 (a 1 MB
+    session id must not be held once per session; collisions are out of reach)."""
+    if len(value) <= KEY_CHARS:
+        return value
+    return ("sha256", hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest())
+
+
+def _parts(key) -> tuple[Hashable | None, Hashable | None]:
+    """(session, scope) of a request's key (a plain key: a session without a scope)."""
+    if key is None:
+        return None, None
+    return (key.session, key.scope) if isinstance(key, RequestKey) else (key, None)
 
 
 @contextlib.contextmanager
-def bound_key(key: str | None) -> Iterator[None]:
+def bound_key(key: RequestKey | None) -> Iterator[None]:
     """Bind :data:`SESSION_KEY` for the duration of a request's parsing and tokenization."""
     token = SESSION_KEY.set(key)
     try:
@@ -291,7 +332,7 @@ class EngineHook:
     def pool_route(self, wrapper, text: str, key: Any = None):
         """The pool that should encode ``text`` (keyed, or at least ``DTOK_POOL_MIN_CHARS``
         long, and a pool is ready), or None: encode in process."""
-        if key is None and len(text) < config.pool_min_chars():
+        if _parts(key)[0] is None and len(text) < config.pool_min_chars():
             return None
         return self.pool_for(wrapper.current())
 
@@ -299,7 +340,7 @@ class EngineHook:
 
     def _count(self, key, pooled: bool) -> None:
         self.stats["dtok_calls"] += 1
-        self.stats["keyed_calls"] += key is not None
+        self.stats["keyed_calls"] += _parts(key)[0] is not None
         self.stats["pool_calls"] += pooled
 
     def _finish(self, tok, ids: list[int], options: EncodeOptions) -> list[int] | None:
@@ -319,8 +360,10 @@ class EngineHook:
     def _encode_with(self, tok, owner, text, options, key) -> list[int] | None:
         """Encode with ``owner``: the pool, or ``tok`` itself (in process)."""
         self._count(key, owner is not tok)
+        session, scope = _parts(key)
         return self._finish(tok, owner.encode_list(
-            text, session=key, add_special_tokens=options.add_special_tokens), options)
+            text, session=session, scope=scope, add_special_tokens=options.add_special_tokens),
+            options)
 
     async def encode_async(self, wrapper, text: str, options: EncodeOptions = EncodeOptions(),
                            key: Any = None) -> list[int] | None:
@@ -330,7 +373,8 @@ class EngineHook:
         if pool is None:  # in process (routed once: a pool ready meanwhile is not waited for)
             return self._encode_with(tok, tok, text, options, key)
         self._count(key, True)
-        ids = await pool.encode_list_async(text, session=key,
+        session, scope = _parts(key)
+        ids = await pool.encode_list_async(text, session=session, scope=scope,
                                            add_special_tokens=options.add_special_tokens)
         return self._finish(tok, ids, options)
 
@@ -340,7 +384,7 @@ class EngineHook:
         # (ms, characters, keyed) of an answered call: from the hook's entry to the IDs handed
         # on (awaited pool calls include the wait)
         self.timings.append((round((time.perf_counter() - t0) * 1e3, 3), len(target[1]),
-                             target[3] is not None))
+                             _parts(target[3])[0] is not None))
 
     def _target(self, call: Callable[[], Any], wait: bool):
         """(wrapper, text, options, key) when dtok answers: ``call()`` gave (the engine's

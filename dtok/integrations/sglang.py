@@ -19,11 +19,12 @@ prompts go to a :class:`dtok.Pool`: awaited in ``_tokenize_texts`` (the event lo
 behind an encode), waited for in the chat path's executor thread.
 
 SGLang's tokenizer object is never replaced (type checks, chat templates, decoding and grammar
-backends keep seeing its own). Session key, first found: SGLang's ``session_id`` (the whole
+backends keep seeing its own). Session, first found: SGLang's ``session_id`` (the whole
 transcript every turn), then the model gateway's routing key (``routing_key``, which SGLang's
-OpenAI server fills from the ``x-smg-routing-key`` header), then the ``cache_salt``, then the
-request id up to ``DTOK_SGLANG_RID_SEP`` when that separator is set and present; no key: dtok's
-content lookup.
+OpenAI server fills from the ``x-smg-routing-key`` header), then the request id up to
+``DTOK_SGLANG_RID_SEP`` when that separator is set and present; none: dtok's content lookup.
+Scope (the tenant, which sessions and content lookup never cross): the ``cache_salt`` and the
+LoRA adapter (``lora_path``) or ``model``.
 
 Identity: dtok is built from the tokenizer SGLang actually loaded (its live backend, after
 SGLang's own post-load fixes). With ``DTOK_SGLANG_TOKENIZER=/path/tokenizer.json`` that file is
@@ -59,16 +60,19 @@ _build = HOOK.build
 ROUTING_KEY_HEADER = "x-smg-routing-key"  # SGLang's model gateway pins a session by it
 
 
-def session_key(request, rid_separator: str | None = None, raw_request=None) -> str | None:
-    """The session key of a GenerateReqInput or an OpenAI request (and its HTTP request), or
-    None: ``session_id``, else the gateway's routing key (``routing_key``, or the
-    ``x-smg-routing-key`` header), else ``cache_salt``, else the ``rid`` prefix."""
+def session_key(request, rid_separator: str | None = None, raw_request=None):
+    """The key (:class:`dtok.integrations.engine.RequestKey`) of a GenerateReqInput or an OpenAI
+    request (and its HTTP request), or None: the session is ``session_id``, else the gateway's
+    routing key (``routing_key``, or the ``x-smg-routing-key`` header), else the ``rid``
+    prefix; the scope is ``cache_salt`` and the LoRA adapter (``lora_path``) or ``model``."""
     sep = rid_separator if rid_separator is not None else os.environ.get("DTOK_SGLANG_RID_SEP")
     headers = getattr(raw_request, "headers", None)
     sid = (getattr(request, "session_id", None) or getattr(request, "routing_key", None)
            or (headers.get(ROUTING_KEY_HEADER) if headers is not None else None))
+    adapter = getattr(request, "lora_path", None) or getattr(request, "model", None)
     return engine.session_key(session_id=sid, cache_salt=getattr(request, "cache_salt", None),
-                              request_id=getattr(request, "rid", None), rid_separator=sep)
+                              request_id=getattr(request, "rid", None), rid_separator=sep,
+                              model=adapter)
 
 
 # --- hooks (AROUND: called with the original function first) ----------------------------------

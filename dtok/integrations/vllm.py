@@ -25,11 +25,11 @@ Hooks (names of vLLM 0.33; missing ones are skipped with a warning):
 ``DTOK_LOOP_LAG=PATH``: an event-loop lag probe (:mod:`dtok.integrations.lag`) starts on the
 API server's loop at the first request and writes the lag and the stack of every stall there.
 
-Session key, first found: the body's ``session_id``, the ``X-Session-ID`` header, vLLM's
-``vllm_xargs["session_id"]`` (the order of vLLM's own ``_get_session_id``), then the
-``cache_salt``, then the request id (``X-Request-Id`` header, else the body's ``request_id``) up
-to ``DTOK_VLLM_RID_SEP`` when that separator is set and present; no key: dtok's content
-lookup.
+Session, first found: the body's ``session_id``, the ``X-Session-ID`` header, vLLM's
+``vllm_xargs["session_id"]`` (the order of vLLM's own ``_get_session_id``), then the request id
+(``X-Request-Id`` header, else the body's ``request_id``) up to ``DTOK_VLLM_RID_SEP`` when that
+separator is set and present; none: dtok's content lookup. Scope (the tenant, which sessions and
+content lookup never cross): the ``cache_salt`` and the ``model`` (a LoRA adapter's name).
 
 Identity: dtok is built from the tokenizer the renderer holds (its live backend; vLLM's
 thread-pool proxy around it only delegates to copies of the same tokenizer). With
@@ -72,8 +72,9 @@ def _header(raw_request, name: str):
     return headers.get(name) if headers is not None else None
 
 
-def session_key(request, raw_request=None, rid_separator: str | None = None) -> str | None:
-    """The session key of an OpenAI-style request (and its HTTP request), or None."""
+def session_key(request, raw_request=None, rid_separator: str | None = None):
+    """The key (:class:`dtok.integrations.engine.RequestKey`) of an OpenAI-style request (and
+    its HTTP request), scoped by its ``cache_salt`` and ``model``, or None."""
     sid = getattr(request, "session_id", None) or _header(raw_request, SESSION_ID_HEADER)
     xargs = getattr(request, "vllm_xargs", None)
     if not sid and isinstance(xargs, dict):
@@ -81,7 +82,8 @@ def session_key(request, raw_request=None, rid_separator: str | None = None) -> 
     sep = rid_separator if rid_separator is not None else os.environ.get("DTOK_VLLM_RID_SEP")
     rid = _header(raw_request, REQUEST_ID_HEADER) or getattr(request, "request_id", None)
     return engine.session_key(session_id=sid, cache_salt=getattr(request, "cache_salt", None),
-                              request_id=rid, rid_separator=sep)
+                              request_id=rid, rid_separator=sep,
+                              model=getattr(request, "model", None))  # a LoRA adapter's name too
 
 
 # --- hooks (AROUND: called with the original function first) ----------------------------------

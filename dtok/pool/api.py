@@ -45,7 +45,7 @@ from dtok.pool.session_table import PoolSession, SessionTable
 from dtok.pool.supervision import Supervision, pss_mb
 from dtok.pool.zygote_client import Resources, ZygoteClient
 from dtok.repair import Anchors, Outcome
-from dtok.sessions import LOOKUP_MIN_CHARS, ContentIndex, replaces
+from dtok.sessions import LOOKUP_MIN_CHARS, ContentIndex, replaces, scoped_key
 from dtok.tokenizer import Tokenizer, chunk_count, chunk_cuts, positive_int
 from dtok_ext.align import common_prefix
 from dtok_ext.buffers import IdBuffer
@@ -165,39 +165,42 @@ class Pool(Supervision):
     # --- public API -------------------------------------------------------------------------
 
     def encode(self, text: str, *, session: Hashable | None = None,
-               add_special_tokens: bool = True) -> memoryview:
+               add_special_tokens: bool = True, scope: Hashable | None = None) -> memoryview:
         """IDs of text, exactly as the reference; see :meth:`submit`. The calling thread waits on
         the worker's response directly when its task goes to a worker at once."""
         return self._wait(self._submit(text, session, add_special_tokens, False,
-                                       threading.get_ident()))
+                                       threading.get_ident(), scope))
 
     def encode_list(self, text: str, *, session: Hashable | None = None,
-                    add_special_tokens: bool = True) -> list[int]:
+                    add_special_tokens: bool = True, scope: Hashable | None = None) -> list[int]:
         """:meth:`encode` as a ``list[int]`` (what serving engines take). For a session the list
         is kept and updated for the changed IDs only; a list handed out earlier never changes
         while it is held (see :class:`dtok_ext.buffers.IdList`)."""
         return self._wait(self._submit(text, session, add_special_tokens, True,
-                                       threading.get_ident()))
+                                       threading.get_ident(), scope))
 
     def submit(self, text: str, *, session: Hashable | None = None,
-               add_special_tokens: bool = True) -> Future:
+               add_special_tokens: bool = True, scope: Hashable | None = None) -> Future:
         """Queue a request; the Future's result is a read-only int32 memoryview.
 
         With ``session=key`` the request goes to the key's home worker and only what changed
         travels (a plan of reused stretches and new text). Long stateless texts are cut into
-        chunks that any worker may take."""
-        return self._submit(text, session, add_special_tokens, False, None).future
+        chunks that any worker may take. ``scope`` (a tenant) keeps sessions and content lookup
+        apart, as in :meth:`dtok.Tokenizer.encode`."""
+        return self._submit(text, session, add_special_tokens, False, None, scope).future
 
     async def encode_async(self, text: str, *, session: Hashable | None = None,
-                           add_special_tokens: bool = True) -> memoryview:
+                           add_special_tokens: bool = True,
+                           scope: Hashable | None = None) -> memoryview:
         """:meth:`encode` for an event loop: the loop never waits behind an encode."""
-        return await asyncio.wrap_future(self.submit(text, session=session,
+        return await asyncio.wrap_future(self.submit(text, session=session, scope=scope,
                                                      add_special_tokens=add_special_tokens))
 
     async def encode_list_async(self, text: str, *, session: Hashable | None = None,
-                                add_special_tokens: bool = True) -> list[int]:
+                                add_special_tokens: bool = True,
+                                scope: Hashable | None = None) -> list[int]:
         """:meth:`encode_list` for an event loop."""
-        req = self._submit(text, session, add_special_tokens, True, None)
+        req = self._submit(text, session, add_special_tokens, True, None, scope)
         return await asyncio.wrap_future(req.future)
 
     def _wait(self, req: Request):
@@ -238,8 +241,7 @@ class Pool(Supervision):
                    "workers": workers, "queued_shared": shared,
                    "sessions": len(self.sessions), "session_bytes": self.sessions.bytes_used,
                    "session_segments_made": self.sessions.segments_made,
-                   "lists_made": sum(lst.made for m in self.sessions.values()
-                                     for lst in m.lists.values()),
+                   "lists_made": sum(m.lists.made for m in self.sessions.values()),
                    "shm_bytes": self._budget.used, "shm_limit": self._budget.limit,
                    **self._counts, "per_char_ms": dict(self.estimator.b)}
         for w in out["workers"]:
@@ -299,7 +301,7 @@ class Pool(Supervision):
 
     # --- routing (under the pool's lock; _submit takes it itself, around the planning) ------
 
-    def _submit(self, text, session, special, want_list, waiter) -> Request:
+    def _submit(self, text, session, special, want_list, waiter, scope=None) -> Request:
         if self._closed:
             raise PoolError("the pool is closed")
         req = Request(text, special, "session" if session is not None else "stateless",
@@ -312,7 +314,7 @@ class Pool(Supervision):
         found = None
         if session is None and self.content_lookup and len(text) >= LOOKUP_MIN_CHARS:
             with self._lock:
-                found = self._lookup(req)  # sets req.keys
+                found = self._lookup(req, scope)  # sets req.keys
         pieces = self._chunks(text) if session is None and found is None \
             and len(text) >= self.chunk_threshold else None
         with self._lock:
@@ -325,7 +327,7 @@ class Pool(Supervision):
             if session is not None or found is not None or (req.keys and pieces is None):
                 # a keyed session, the stored text content lookup found, or a short unkeyed
                 # text a new session keeps for content lookup
-                meta = (self.sessions.get(session) if session is not None else
+                meta = (self.sessions.get(scoped_key(session, scope)) if session is not None else
                         found if found is not None else self._new_content_session())
                 req.meta = meta
                 meta.queue.append(req)
@@ -368,13 +370,13 @@ class Pool(Supervision):
             worker = live[next(self._rr) % len(live)].index
         self.queues.push(worker, task, time.monotonic())
 
-    def _lookup(self, req: Request) -> PoolSession | None:
+    def _lookup(self, req: Request, scope) -> PoolSession | None:
         """Content lookup (dtok.sessions.ContentIndex): the session an unkeyed text continues —
         the stored text found, when it is idle and the new text shares at least half of it as
         a prefix — or None (a fork sharing a shorter prefix, two conversations with one system
-        prompt, leaves the stored one as it is)."""
+        prompt, leaves the stored one as it is); only texts stored under ``scope``."""
         self._counts["lookups"] += 1
-        found, req.keys = self.index.find(req.text)
+        found, req.keys = self.index.find(req.text, scope)
         if (found is not None and found.text is not None and found.inflight is None
                 and not found.queue and replaces(common_prefix(found.text, req.text), len(found.text))):
             self._counts["lookup_hits"] += 1
@@ -562,7 +564,7 @@ class Pool(Supervision):
         if req.want_list:
             self._resolve(req, self.sessions.as_list(meta, req.special, keep))
         else:
-            self._resolve(req, self.sessions.view(meta, req.special))
+            self._resolve(req, self.sessions.view(meta, req.special, keep))
 
     def _resolve(self, req: Request, value) -> None:
         if self.trace is not None:

@@ -23,8 +23,7 @@ from typing import Hashable, NamedTuple
 from dtok.pool import protocol as P
 from dtok.pool import shm
 from dtok.repair import Anchors, Plan
-from dtok.sessions import affixed_view, kept_list
-from dtok_ext.buffers import IdList
+from dtok.sessions import KeptLists, affixed_view
 from dtok_ext.shm import MappedIds, write_ids
 
 
@@ -72,7 +71,7 @@ class PoolSession:
         self.queue: deque = deque()
         self.inflight = None  # the request whose task is queued or running
         self.nbytes = 0
-        self.lists: dict[bool, IdList] = {}  # per add_special_tokens: the list handed out
+        self.lists = KeptLists()  # what encode_list handed out
         self.known_by: int | None = None  # the worker that last mapped its segment
         self.content = False  # found by content lookup (no key of its own)
         self.end_key = None  # content lookup: its text's keys (dtok.sessions.ContentIndex)
@@ -212,13 +211,15 @@ class SessionTable:
             seg.close()
             seg.unlink()
 
-    def view(self, meta: PoolSession, special: bool) -> memoryview:
+    def view(self, meta: PoolSession, special: bool, keep: int) -> memoryview:
+        """The session's IDs for a request that left ``keep`` leading IDs (prefix included) as
+        they were."""
+        meta.lists.note(keep)
         return affixed_view(meta.ids, special, self.n_prefix, self.n_suffix)
 
     def as_list(self, meta: PoolSession, special: bool, keep: int) -> list:
-        """The session's IDs as a list, updated in O(changed) (``keep``: leading IDs, prefix
-        included, unchanged since the last update)."""
-        out = kept_list(meta.lists, special, self.view(meta, special), keep, self.n_prefix)
+        """The session's IDs as a list, updated in O(changed) (``keep``: as for :meth:`view`)."""
+        out = meta.lists.get(special, self.view(meta, special, keep), self.n_prefix)
         self._account(meta)
         return out
 
@@ -261,7 +262,7 @@ class SessionTable:
             + (4 * meta.ids.length if meta.ids is not None else 0) \
             + (4 * meta.spare.ids.length if meta.spare is not None else 0) \
             + (meta.anchors.nbytes if meta.anchors is not None else 0) \
-            + sum(lst.nbytes for lst in meta.lists.values())
+            + meta.lists.nbytes
         self.bytes_used += size - meta.nbytes
         meta.nbytes = size
 

@@ -1,7 +1,9 @@
 """Named POSIX shared-memory segments and semaphores of one pool: creation with the pages
 allocated up front, the pool's byte budget, the owner lock, and cleanup.
 
-Every name starts with the pool's prefix ``dtok-<pid>-<random>`` (pid: the front end's).
+Every name starts with the pool's prefix ``dtok-<pid>-<random>`` (pid: the front end's; 64
+random bits, so that no other process can guess a pool's names and create one first). Segments,
+semaphores and the lock file are created mode 0600: another uid can see the names, not open them.
 ``close()`` unlinks them all, the zygote unlinks them when the front end dies, and a new pool
 sweeps the prefixes whose owners are all gone. On Linux they live in /dev/shm (semaphores as
 ``sem.<name>``).
@@ -42,7 +44,7 @@ class ShmFull(OSError):
 
 
 def new_prefix() -> str:
-    return f"dtok-{os.getpid()}-{secrets.token_hex(4)}"
+    return f"dtok-{os.getpid()}-{secrets.token_hex(8)}"  # 64 random bits: not guessable
 
 
 class Budget:
