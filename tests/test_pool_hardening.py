@@ -104,6 +104,35 @@ def test_front_end_killed_while_the_zygote_loads_leaves_nothing():
     assert wait_until(lambda: not pool_names(prefix), 60), pool_names(prefix)
 
 
+def test_encode_async_plans_off_the_event_loop_in_order():
+    """Planning a request (comparing a long text with the stored one, cutting a document) takes
+    milliseconds: the async calls do it on the pool's submit thread, in the order of the calls,
+    so a session's turns sent from one loop stay in order."""
+    tok = load_tokenizer("qwen3")
+    text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:60_000]
+    with Pool(tok, workers=1, name="offloop") as pool:
+        planned = []
+        submit = pool._submit
+
+        def spy(t, *args):
+            planned.append((threading.get_ident(), len(t)))
+            return submit(t, *args)
+
+        pool._submit = spy  # a seam: which thread plans, and in which order
+
+        async def main():
+            turns = [text[: 40_000 + 1000 * i] for i in range(6)]
+            futs = [pool.encode_async(t, session="s") for t in turns]
+            futs.append(pool.encode_list_async(turns[-1] + " end", session="s"))
+            return threading.get_ident(), turns, await asyncio.gather(*futs)
+
+        loop_thread, turns, results = asyncio.run(main())
+        for t, ids in zip(turns + [turns[-1] + " end"], results):
+            assert list(ids) == ref_ids(tok, t)
+        assert planned and all(tid != loop_thread for tid, _ in planned)
+        assert [n for _, n in planned] == [len(t) for t in turns] + [len(turns[-1]) + 4]
+
+
 def test_encode_async_never_encodes_on_the_event_loop_thread():
     tok = load_tokenizer("llama3")
     with Pool(tok, workers=1, name="noworkers") as pool:

@@ -30,7 +30,7 @@ import time
 import weakref
 import zlib
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Hashable
 
 import posix_ipc
@@ -135,6 +135,8 @@ class Pool(Supervision):
         self._lookup_entries = tk["lookup_entries"]
         self.index = ContentIndex()
         self.in_process_route = InProcessRoute(self.tokenizer)  # failover
+        # one thread: an event loop's requests are planned off the loop, in order
+        self._submitter = ThreadPoolExecutor(1, thread_name_prefix="dtok-pool-submit")
         self._counts = dict(requests=0, stateless=0, chunked=0, chunks=0, lookups=0,
                             lookup_hits=0, session_hits=0,
                             session_repairs=0, session_edits=0, session_inits=0,
@@ -192,15 +194,21 @@ class Pool(Supervision):
     async def encode_async(self, text: str, *, session: Hashable | None = None,
                            add_special_tokens: bool = True,
                            scope: Hashable | None = None) -> memoryview:
-        """:meth:`encode` for an event loop: the loop never waits behind an encode."""
-        return await asyncio.wrap_future(self.submit(text, session=session, scope=scope,
-                                                     add_special_tokens=add_special_tokens))
+        """:meth:`encode` for an event loop: the loop waits neither behind an encode nor behind
+        the planning (comparing a long text with the stored one, cutting a long document:
+        milliseconds), which runs on the pool's submit thread, in the order of the calls."""
+        return await self._submit_off_loop(text, session, add_special_tokens, False, scope)
 
     async def encode_list_async(self, text: str, *, session: Hashable | None = None,
                                 add_special_tokens: bool = True,
                                 scope: Hashable | None = None) -> list[int]:
-        """:meth:`encode_list` for an event loop."""
-        req = self._submit(text, session, add_special_tokens, True, None, scope)
+        """:meth:`encode_list` for an event loop (as :meth:`encode_async`)."""
+        return await self._submit_off_loop(text, session, add_special_tokens, True, scope)
+
+    async def _submit_off_loop(self, text, session, special, want_list, scope):
+        loop = asyncio.get_running_loop()
+        req = await loop.run_in_executor(self._submitter, self._submit, text, session, special,
+                                         want_list, None, scope)
         return await asyncio.wrap_future(req.future)
 
     def _wait(self, req: Request):
@@ -290,6 +298,7 @@ class Pool(Supervision):
             for ch in self._channels:
                 ch.alive = False
                 ch.close()
+        self._submitter.shutdown(wait=True)
         self.in_process_route.close()
         self._finalizer()  # unlink every name of the pool (idempotent)
 
