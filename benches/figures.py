@@ -31,10 +31,10 @@ def patterns_figure(plt, data: dict, out: Path, name: str) -> Path:
     """Median turn latency per cache state and calling pattern, dtok next to the alternative."""
     rows = data["rows"]
     whos = [k for k in rows[0] if isinstance(rows[0][k], dict) and "median_ms" in rows[0][k]]
-    sizes = sorted({r["size"] for r in rows})
-    fig, axes = plt.subplots(1, len(sizes), figsize=(6.5 * len(sizes), 4.2), squeeze=False)
-    for ax, size in zip(axes[0], sizes):
-        cells = [r for r in rows if r["size"] == size]
+    panels = list(dict.fromkeys((r["kind"], r["size"]) for r in rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.4), squeeze=False)
+    for ax, (kind, size) in zip(axes[0], panels):
+        cells = [r for r in rows if r["size"] == size and r["kind"] == kind]
         conditions = list(dict.fromkeys(r["condition"] for r in cells))
         patterns = list(dict.fromkeys(r["pattern"] for r in cells))
         width = 0.8 / (len(patterns) * len(whos))
@@ -54,10 +54,11 @@ def patterns_figure(plt, data: dict, out: Path, name: str) -> Path:
                     hi.append(b - med)
                 ax.bar(xs, ys, width, yerr=[lo, hi], label=f"{who}, {pattern}",
                        alpha=1.0 if j == 0 else 0.45)
-        ax.set_xticks([c + 0.4 - width / 2 for c in range(len(conditions))], conditions)
+        ax.set_xticks([c + 0.4 - width / 2 for c in range(len(conditions))],
+                      [c.replace("_", "\n") for c in conditions], fontsize=8)
         ax.set_yscale("log")
         ax.set_ylabel("median ms per turn (log)")
-        ax.set_title(f"{cells[0]['kind']} turns, {size:,}-character sessions")
+        ax.set_title(f"{kind} turns, {size:,}-character sessions")
         ax.legend(fontsize=7)
     fig.suptitle(_machine(data), fontsize=8)
     fig.tight_layout()
