@@ -216,6 +216,7 @@ def main() -> None:
     ap.add_argument("--transfer", action="store_true")
     ap.add_argument("--hold", default="dropped", choices=patterns.PATTERNS)
     ap.add_argument("--patterns", action="store_true")
+    ap.add_argument("--kinds", nargs="*", default=["append", "edit"], help="--patterns: turns")
     args = ap.parse_args()
     info = machine()
     print(header(info))
@@ -265,7 +266,7 @@ def patterns_pool(args, info, tok, pool, src, check, bad) -> None:
     rows = []
     while len(src) < args.size * 2:
         src += src
-    for kind in ("append", "edit"):
+    for kind in args.kinds:
         pool.trace = []
         rows += patterns.table("pool", encoders, kind, src, args.size, 40, args.repeats, cold,
                                check, conditions=(*patterns.CONDITIONS, "local_between"))

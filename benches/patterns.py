@@ -137,10 +137,9 @@ def run(encode: Callable, kind: str, src: str, size: int, turns: int, pattern: s
             out = encode(send, key, as_list)
             if turn:
                 lat.append(time.perf_counter() - t0)
-            if pattern == "dropped":
-                del out
-            else:
+            if pattern != "dropped":
                 held[key] = out  # the previous result is released only now
+            del out  # one result of the session alive at most: the one ``held`` keeps
     return lat, texts
 
 
