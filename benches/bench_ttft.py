@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import pickle
 import random
 import shutil

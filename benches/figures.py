@@ -60,9 +60,12 @@ def patterns_figure(plt, data: dict, out: Path, name: str) -> Path:
         ax.set_ylabel("median ms per turn (log)")
         ax.set_title(f"{kind} turns, {size:,}-character sessions")
         ax.legend(fontsize=7)
+    return _save(plt, fig, data, out / f"{name}.png")
+
+
+def _save(plt, fig, data: dict, path: Path) -> Path:
     fig.suptitle(_machine(data), fontsize=8)
     fig.tight_layout()
-    path = out / f"{name}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -82,12 +85,7 @@ def spacing_figure(plt, data: dict, out: Path) -> Path:
     ax.set_ylabel("ms per 400-character append")
     ax.set_title(f"keyed appends to a {data['args']['size']:,}-character session")
     ax.legend(fontsize=8)
-    fig.suptitle(_machine(data), fontsize=8)
-    fig.tight_layout()
-    path = out / "pool-spacing.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, data, out / "pool-spacing.png")
 
 
 def main() -> None:

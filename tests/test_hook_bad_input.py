@@ -13,14 +13,13 @@ import gc
 import json
 import time
 import tracemalloc
-import types
 from types import SimpleNamespace
 
 import pytest
 
 from conftest import read_text
-from test_sglang import FakeTokenizerManager
-from test_vllm import FakeParams, _fake_vllm, _request, hf, plugin
+from test_sglang import hooked_manager
+from test_vllm import _fake_vllm, _request, hf, plugin
 
 from dtok.integrations import engine
 from dtok.integrations import sglang as sglang_hook
@@ -78,18 +77,7 @@ def test_bad_prompts_through_the_vllm_hook(vllm_serving, name, session):
 @pytest.mark.parametrize("name", list(BAD) + list(NOT_STR))
 def test_bad_prompts_through_the_sglang_hook(name):
     tok = hf("qwen3")
-    tm = FakeTokenizerManager(tok)
-    orig_texts = FakeTokenizerManager._tokenize_texts
-    orig_one = FakeTokenizerManager._tokenize_one_request
-
-    async def texts(self, t, is_cross_encoder=False):
-        return await sglang_hook._tokenize_texts(orig_texts, self, t, is_cross_encoder)
-
-    async def one(self, obj):
-        return await sglang_hook._tokenize_one_request(orig_one, self, obj)
-
-    tm._tokenize_texts = types.MethodType(texts, tm)
-    tm._tokenize_one_request = types.MethodType(one, tm)
+    tm = hooked_manager(tok)
     assert sglang_hook.dtok_for(tok) is not None
     prompt = BAD.get(name, NOT_STR.get(name))
     req = SimpleNamespace(text=prompt, session_id="conv-bad", cache_salt="t", rid="r")

@@ -74,8 +74,10 @@ class FakeTokenizerManager:
         return ids
 
 
-def test_hooks_route_prompts_through_dtok_exactly():
-    tok = hf("qwen3")
+
+def hooked_manager(tok) -> FakeTokenizerManager:
+    """A TokenizerManager stand-in whose ``_tokenize_texts`` and ``_tokenize_one_request`` go
+    through dtok's hooks, as the plugin patches them."""
     tm = FakeTokenizerManager(tok)
     orig_texts = FakeTokenizerManager._tokenize_texts
     orig_one = FakeTokenizerManager._tokenize_one_request
@@ -88,6 +90,11 @@ def test_hooks_route_prompts_through_dtok_exactly():
 
     tm._tokenize_texts = types.MethodType(texts, tm)
     tm._tokenize_one_request = types.MethodType(one, tm)
+    return tm
+
+def test_hooks_route_prompts_through_dtok_exactly():
+    tok = hf("qwen3")
+    tm = hooked_manager(tok)
     base = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:30000]
     assert hook.dtok_for(tok) is not None  # built here (on the loop it is built in background)
     before = dict(hook.stats)
@@ -243,18 +250,7 @@ def test_tenants_never_share_sessions_through_the_hook():
     two sessions (nothing reused), under one salt it continues; a salted request without a
     session id continues its own tenant's conversation by content lookup, never another's."""
     tok = hf("qwen3")
-    tm = FakeTokenizerManager(tok)
-    orig_texts = FakeTokenizerManager._tokenize_texts
-    orig_one = FakeTokenizerManager._tokenize_one_request
-
-    async def texts(self, t, is_cross_encoder=False):
-        return await hook._tokenize_texts(orig_texts, self, t, is_cross_encoder)
-
-    async def one(self, obj):
-        return await hook._tokenize_one_request(orig_one, self, obj)
-
-    tm._tokenize_texts = types.MethodType(texts, tm)
-    tm._tokenize_one_request = types.MethodType(one, tm)
+    tm = hooked_manager(tok)
     assert hook.dtok_for(tok) is not None
     sessions = hook.dtok_for(tok).dtok.sessions
     base = read_text("prose", "gutenberg-2701_moby-dick.txt")[:30000]
