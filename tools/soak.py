@@ -42,6 +42,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zlib
@@ -808,7 +809,9 @@ def main() -> int:
     ap.add_argument("--fault-every", type=float, default=12.0, help="mean seconds between faults")
     ap.add_argument("--patience", type=float, default=120.0)
     ap.add_argument("--shm-mb", type=int, default=256, help="the private /dev/shm's size")
-    ap.add_argument("--out", default="/tmp/dtok-soak")
+    ap.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "dtok-soak"),
+                    help="folder for the spool, samples and report (default: dtok-soak in the "
+                         "system's temporary folder)")
     ap.add_argument("--no-namespace", action="store_true")
     ap.add_argument("--in-namespace", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--front-end", action="store_true", help=argparse.SUPPRESS)
