@@ -103,18 +103,23 @@ def _without_cache_env():
         os.environ.update(saved)
 
 
+def _pinned(name: str, installed: str | None, pinned: str) -> str:
+    """The installed version of a fast encoder, which must be the one dtok's guards are for."""
+    if installed is None:
+        raise FastEncoderError(f"{name} is not installed (pip install 'dtok[fast]')")
+    if installed != pinned:
+        raise FastEncoderError(f"{name} {installed} is installed; dtok's guards and checks "
+                               f"are for {pinned}")
+    return installed
+
+
 class FastEncoder:
     """``fastokens`` on the same file, caches off, checked against the reference at load."""
 
     name = "fastokens"
 
     def __init__(self, raw_json: str, reference) -> None:
-        version = fastokens_version()
-        if version is None:
-            raise FastEncoderError("fastokens is not installed (pip install 'dtok[fast]')")
-        if version != FASTOKENS_VERSION:
-            raise FastEncoderError(f"fastokens {version} is installed; dtok's guards and checks "
-                                   f"are for {FASTOKENS_VERSION}")
+        version = _pinned("fastokens", fastokens_version(), FASTOKENS_VERSION)
         import fastokens
 
         with _without_cache_env():
@@ -152,12 +157,7 @@ class GigaEncoder:
     RENEW_CHARS = 64 << 20
 
     def __init__(self, raw_json: str, reference, renew_chars: int | None = None) -> None:
-        version = gigatoken_version()
-        if version is None:
-            raise FastEncoderError("gigatoken is not installed (pip install 'dtok[fast]')")
-        if version != GIGATOKEN_VERSION:
-            raise FastEncoderError(f"gigatoken {version} is installed; dtok's guards and checks "
-                                   f"are for {GIGATOKEN_VERSION}")
+        version = _pinned("gigatoken", gigatoken_version(), GIGATOKEN_VERSION)
         import gigatoken
 
         self._gigatoken = gigatoken
