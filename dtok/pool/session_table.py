@@ -147,14 +147,13 @@ class SessionTable:
     def _new_segment(self, meta: PoolSession, nbytes: int) -> shm.Segment:
         """A fresh segment for the session's next generation, pending until accepted. When
         shared memory is short, the spares of idle sessions are given back first."""
+        name = P.session_name(self.prefix, meta.sid, meta.last_gen + 1)
         try:
-            seg = shm.Segment(P.session_name(self.prefix, meta.sid, meta.last_gen + 1), nbytes,
-                              True, self.budget)
+            seg = shm.Segment(name, nbytes, True, self.budget)
         except shm.ShmFull:
             if not self.drop_spares():
                 raise
-            seg = shm.Segment(P.session_name(self.prefix, meta.sid, meta.last_gen + 1), nbytes,
-                              True, self.budget)
+            seg = shm.Segment(name, nbytes, True, self.budget)
         meta.last_gen += 1
         self.segments_made += 1
         self._pending[(meta.sid, meta.last_gen)] = seg
