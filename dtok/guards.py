@@ -49,7 +49,7 @@ guard set and the proof runs again over the remaining characters (``nfc.guarded`
 the encoder is not used for that file).
 
 Guard tables are keyed by the file's SHA-256 and the ``tokenizers`` and ``fastokens`` versions;
-the four test files' tables ship in ``dtok/data/guards`` (built by ``tools/build_guards.py``),
+the test files' tables ship in ``dtok/data/guards`` (built by ``tools/data/build_guards.py``),
 others are built on request (``encoder="fast"`` or ``dtok guards PATH``: minutes) into the cache.
 """
 from __future__ import annotations
@@ -90,14 +90,16 @@ class GuardTable:
         return bool(self.nfc.get("agrees"))
 
 
-def _file_name(sha256: str, fast_version: str, encoder: str = "fastokens") -> str:
+def file_name(sha256: str, fast_version: str, encoder: str = "fastokens") -> str:
+    """The guard table's file name: the file's SHA-256 prefix, the tokenizers version, the
+    fast encoder and its version, the schema."""
     return (f"{sha256[:16]}-tokenizers{tables.tokenizers_version()}-{encoder}{fast_version}"
             f"-schema{SCHEMA}.json")
 
 
 def load(sha256: str, fast_version: str, encoder: str = "fastokens") -> GuardTable | None:
     """The guard table for this file, these versions and this fast encoder, if one was built."""
-    name = _file_name(sha256, fast_version, encoder)
+    name = file_name(sha256, fast_version, encoder)
     for path in (BUNDLED_DIR / name, tables.cache_dir() / "guards" / name):
         if path.exists():
             d = json.loads(path.read_text())
@@ -167,7 +169,7 @@ def build(reference, fast: FastEncoder, sha256: str, out_dir: Path | None = None
                        tuple(sorted(disagree)), checked, "", nfc, fast.name, speed or {})
     out = out_dir or tables.cache_dir() / "guards"
     out.mkdir(parents=True, exist_ok=True)
-    path = out / _file_name(sha256, fast.version, fast.name)
+    path = out / file_name(sha256, fast.version, fast.name)
     payload = {"sha256": sha256, "tokenizers": table.tokenizers, fast.name: table.fastokens,
                "disagree": list(table.disagree),
                "disagree_contexts": {f"{c:04X}": v for c, v in sorted(disagree.items())},

@@ -10,8 +10,9 @@ where a probe found the fast encoder disagreeing with the reference.
 Tables depend on the installed ``tokenizers`` (its regex engine's and normalizer's Unicode data),
 so they are stored keyed by its version. A table built for another version is never used: the
 loader rebuilds it (about ten seconds) into the user cache, or refuses when ``DTOK_TABLES=strict``.
-``tools/build_tables.py`` builds the tables that ship inside the package. numpy is imported only
-by the functions that build tables: loading one does not need it (17 MiB of RSS).
+``tools/data/build_tables.py`` builds the tables that ship inside the package, in
+``dtok/families/tables`` beside the family rules and transitions they belong to. numpy is
+imported only by the functions that build tables: loading one does not need it (17 MiB of RSS).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from dtok.families import FAMILIES, Family
+from dtok.families import ACCEPTED, CLASSES, FAMILIES, TABLES_DIR, Family
 
 log = logging.getLogger("dtok")
 
@@ -33,7 +34,7 @@ NFC_ANCHOR = 0x40
 FAST_GUARD = 0x80
 BLOCK = 0  # class id 0
 
-BUNDLED_DIR = Path(__file__).parent / "data" / "tables"
+BUNDLED_DIR = TABLES_DIR
 UNASSIGNED = r"\p{Cn}"
 _SURROGATES = slice(0xD800, 0xE000)
 _PROBE_BLOCK = 8192  # the reference's Split is much faster on short strings than on one long one
@@ -167,7 +168,9 @@ def build_table(family: Family, classes: list[str], anchor: np.ndarray | None = 
     return table.tobytes(), unknown
 
 
-def _file_name(family: Family, version: str) -> str:
+def file_name(family: Family, version: str) -> str:
+    """The table's file name: the family, its pattern hash, the tokenizers version, the schema
+    (a table is used only when all four match)."""
     return f"{family.name}-{family.key}-tokenizers{version}-schema{SCHEMA}.bin.gz"
 
 
@@ -201,14 +204,12 @@ def accept_matrix(classes: list[str], accepted: list[tuple[str, str]]) -> bytes:
 @lru_cache(maxsize=None)
 def load(family_name: str) -> FamilyTables:
     """Class table and transition matrix of a family for the installed ``tokenizers``."""
-    from dtok._transitions import ACCEPTED, CLASSES
-
     family = FAMILIES[family_name]
     classes = list(CLASSES[family.name])
     if len(classes) >= 64:
         raise RuntimeError(f"{family.name}: too many classes for the table layout")
     version = tokenizers_version()
-    name = _file_name(family, version)
+    name = file_name(family, version)
     table = None
     for path in (BUNDLED_DIR / name, cache_dir() / name):
         if path.exists():

@@ -137,7 +137,14 @@ cdef Py_ssize_t _first_flagged(const unsigned char* table, const _Clean* clean, 
 
 
 cdef class CutRules:
-    """Cut predicate for one tokenizer: class table, accepted transitions, added tokens, NFC."""
+    """Cut predicate for one tokenizer: class table, accepted transitions, added tokens, NFC.
+
+    Test seams: ``_check_nfc``, ``_check_specials`` and ``_check_new_text`` (public to Python,
+    True in service) switch one safety condition off, so that a control can prove its check
+    sees the wrong answers that follow (``tests/battery.py`` ``checks_disabled``,
+    ``tests/test_edits.py``, the ``tools/engines/vllm_check.py`` control). Nothing else sets
+    them.
+    """
 
     def __init__(self, bytes table not None, bytes accept not None, SpecialMatcher specials not None,
                  normalize=None):

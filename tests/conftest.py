@@ -3,10 +3,11 @@
 **The repository's set** (always here):
 
 * ``tests/data/tokenizers/<name>-tiny``: one small test tokenizer per admitted family, built by
-  ``tools/build_test_tokenizers.py`` from the real file: every stage of its pipeline (normalizer,
-  pre-tokenizer, the model's flags, added tokens with their flags, post-processor, decoder) is
-  the real file's; only the vocabulary is small, trained by ``tokenizers``' ``BpeTrainer`` on
-  public-domain text. Safe cuts depend on the stages, not on the vocabulary, so the battery, its
+  ``tools/data/build_test_tokenizers.py`` from the real file (its ``TINY`` lists them with
+  their families: ``REAL_FILES``, ``TINY_FILES`` and ``FAMILY_OF`` here come from it): every
+  stage of its pipeline (normalizer, pre-tokenizer, the model's flags, added tokens with their
+  flags, post-processor, decoder) is the real file's; only the vocabulary is small, trained by
+  ``tokenizers``' ``BpeTrainer`` on public-domain text. Safe cuts depend on the stages, not on the vocabulary, so the battery, its
   control, sessions, chunking, the pool and the fast encoder's guards run on them:
   ``qwen3-tiny`` (qwen2, NFC), ``llama3-tiny`` (llama3, BOS template, ``ignore_merges``),
   ``deepseek-v3-tiny`` (three Splits, ``normalized=true`` and overlapping added tokens),
@@ -38,6 +39,7 @@ import gzip
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -45,6 +47,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools" / "data"))
+import build_test_tokenizers  # noqa: E402  (the list of test tokenizers and their families)
+
 DATA = ROOT / "tests" / "data"
 # the package's data where dtok is imported from (the checkout, or an installed wheel)
 PACKAGE_DATA = Path(importlib.util.find_spec("dtok").origin).parent / "data"
@@ -52,18 +57,19 @@ SHARED = Path(os.environ.get("DTOK_SHARED", ROOT.parent / "shared"))
 HAVE_SHARED = (SHARED / "tokenizers").is_dir() and (SHARED / "corpus").is_dir()
 REQUIRE_SHARED = bool(os.environ.get("CI"))
 
-REAL_FILES = ["qwen3", "llama3", "deepseek-v3", "gpt-oss"]
-TINY_FILES = ["qwen3-tiny", "llama3-tiny", "deepseek-v3-tiny", "gpt-oss-tiny"]
+# real name -> family, one per admitted family; each has a small copy "<name>-tiny"
+_TINY = {name: family for name, (family, _size) in build_test_tokenizers.TINY.items()}
+REAL_FILES = list(_TINY)
+TINY_FILES = [f"{name}-tiny" for name in _TINY]
 IN_REPO = {  # real files the repository carries: gzip-compressed tokenizer.json, its config
     "qwen3": PACKAGE_DATA / "qwen3",
     "gpt-oss": DATA / "tokenizers" / "gpt-oss",
 }
-TINY_OF = {"llama3": "llama3-tiny", "deepseek-v3": "deepseek-v3-tiny"}  # without shared
+TINY_OF = {n: f"{n}-tiny" for n in REAL_FILES if n not in IN_REPO}  # without shared
 MAIN_FILES = REAL_FILES + TINY_FILES if HAVE_SHARED or REQUIRE_SHARED else \
     [n for n in REAL_FILES if n in IN_REPO] + TINY_FILES
 OTHER_FILES = ["phi3-mini", "roberta-base", "t5-small", "bert-base-uncased"]
-FAMILY_OF = {"qwen3": "qwen2", "llama3": "llama3", "deepseek-v3": "deepseek_v3", "gpt-oss": "o200k"}
-FAMILY_OF.update({f"{name}-tiny": family for name, family in list(FAMILY_OF.items())})
+FAMILY_OF = {**_TINY, **{f"{name}-tiny": family for name, family in _TINY.items()}}
 
 _DEMO = PACKAGE_DATA / "demo"
 _UDHR = sorted(p.name[: -len(".gz")] for p in (DATA / "corpus" / "multilingual").glob("*.gz"))

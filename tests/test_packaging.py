@@ -1,5 +1,5 @@
 """Packaging: the sdist holds the sources and the tests, the wheel the compiled extensions and the
-bundled data, and both install and work in a fresh virtualenv (tools/check_packaging.py)."""
+bundled data, and both install and work in a fresh virtualenv (tools/release/check_packaging.py)."""
 from __future__ import annotations
 
 import importlib.util
@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "release"))
 import check_packaging  # noqa: E402
 
 source_tree = pytest.mark.skipif(not (ROOT / "dtok").is_dir(),
@@ -40,8 +40,11 @@ def test_data_files_are_declared():
     tomllib = pytest.importorskip("tomllib", reason="tomllib is new in Python 3.11")
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
     patterns = cfg["tool"]["setuptools"]["package-data"]["dtok"]
-    data = [p.relative_to(ROOT / "dtok") for p in (ROOT / "dtok" / "data").rglob("*") if p.is_file()]
-    assert data and all(any(p.match(pat) for pat in patterns) for p in data)
+    data = [p.relative_to(ROOT / "dtok") for p in (ROOT / "dtok").rglob("*")
+            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts]
+    assert any(p.parts[0] == "families" for p in data), "the class tables are package data"
+    undeclared = [p for p in data if not any(p.match(pat) for pat in patterns)]
+    assert data and not undeclared, undeclared
 
 
 def _build(tmp_path, *what: str):
@@ -77,8 +80,9 @@ def test_wheel_built_from_the_sdist_holds_extensions_and_data(tmp_path):
 @source_tree
 @pytest.mark.slow
 def test_fresh_virtualenv_installs_run_demo_and_tests():
-    """tools/check_packaging.py on this interpreter, with a few test files (needs PyPI; minutes)."""
-    run = subprocess.run([sys.executable, str(ROOT / "tools" / "check_packaging.py"),
+    """tools/release/check_packaging.py on this interpreter, with a few test files (needs PyPI;
+    minutes)."""
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "release" / "check_packaging.py"),
                           "--pytest-args", "-x tests/test_admission.py tests/test_exactness.py "
                           "tests/test_docs.py"], capture_output=True, text=True, timeout=3600)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]

@@ -70,7 +70,7 @@ def test_a_worker_that_never_comes_up_is_replaced_within_seconds(monkeypatch):
 
 def test_start_many_times_under_load():
     """Consecutive starts with the CPUs busy: none hangs (the full campaign of 200 starts is
-    tools/pool_start_campaign.py)."""
+    tools/reliability/pool_start_campaign.py)."""
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         for i in range(4):
@@ -339,9 +339,9 @@ def test_encode_list_in_a_loop_takes_turns_between_two_lists():
 
 @pytest.mark.slow
 def test_two_hundred_starts_without_a_hang():
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "pool_start_campaign.py"),
-                           "--starts", "200"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=6 * 3600)
+    campaign = ROOT / "tools" / "reliability" / "pool_start_campaign.py"
+    proc = subprocess.run([sys.executable, str(campaign), "--starts", "200"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=6 * 3600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "200 starts, 0 hangs, 0 differences" in proc.stdout
 

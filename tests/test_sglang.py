@@ -206,13 +206,13 @@ def test_register_is_opt_in(monkeypatch):
 
 
 def _sglang_runner() -> list[str] | None:
-    """How to run tools/sglang_check.py here: in this interpreter when SGLang imports, else
-    through its cached venv when that exists and DTOK_ENGINE_CHECKS=1 (a minute more);
+    """How to run tools/engines/sglang_check.py here: in this interpreter when SGLang imports,
+    else through its cached venv when that exists and DTOK_ENGINE_CHECKS=1 (a minute more);
     None: no SGLang here (tests never build the venv)."""
     import importlib.util
     from pathlib import Path
 
-    tools = Path(__file__).resolve().parents[1] / "tools"
+    tools = Path(__file__).resolve().parents[1] / "tools" / "engines"
     if importlib.util.find_spec("sglang") is not None:
         return [sys.executable, str(tools / "sglang_check.py"), "--inner"]
     sys.path.insert(0, str(tools))
@@ -228,15 +228,15 @@ def _sglang_runner() -> list[str] | None:
 
 
 def test_real_sglang():
-    """The hooks inside a real SGLang TokenizerManager and chat server (tools/sglang_check.py).
-    `sglang` is not in the test extra (its install pulls a CUDA torch): skipped where it cannot
-    be imported and the check's venv is not built."""
+    """The hooks inside a real SGLang TokenizerManager and chat server
+    (tools/engines/sglang_check.py). `sglang` is not in the test extra (its install pulls a CUDA
+    torch): skipped where it cannot be imported and the check's venv is not built."""
     import subprocess
 
     runner = _sglang_runner()
     if runner is None:
-        pytest.skip("sglang is not importable here (run python tools/sglang_check.py, or set "
-                    "DTOK_ENGINE_CHECKS=1 to run it through its cached venv)")
+        pytest.skip("sglang is not importable here (run python tools/engines/sglang_check.py, "
+                    "or set DTOK_ENGINE_CHECKS=1 to run it through its cached venv)")
     shared_path("tokenizers", "qwen3")  # fails under CI when ../shared is missing
     run = subprocess.run(runner + ["qwen3"], capture_output=True, text=True,
                          env={**os.environ, "DTOK_SGLANG": "1"}, timeout=1800)

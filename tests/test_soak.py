@@ -1,7 +1,7 @@
-"""A few minutes of tools/soak.py: mixed load on a pool and a tokenizer in one front end while
-workers, the zygote and the front end itself are killed and /dev/shm fills up; every checked
-answer exact, every request answered once, nothing left in /dev/shm (slow: the full run is
-``python tools/soak.py --minutes 30``)."""
+"""A few minutes of tools/reliability/soak.py: mixed load on a pool and a tokenizer in one front
+end while workers, the zygote and the front end itself are killed and /dev/shm fills up; every
+checked answer exact, every request answered once, nothing left in /dev/shm (slow: the full run is
+``python tools/reliability/soak.py --minutes 30``)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow
-SOAK = str(ROOT / "tools" / "soak.py")
+SOAK = str(ROOT / "tools" / "reliability" / "soak.py")
 
 
 def run_soak(tmp_path, *args: str) -> tuple[str, dict]:

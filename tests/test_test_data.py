@@ -18,7 +18,7 @@ from conftest import (DATA, FAMILY_OF, HAVE_SHARED, IN_REPO, REQUIRE_SHARED, ROO
                       tokenizer_path)
 from dtok.encoders import fastokens_version
 
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "data"))
 import build_test_tokenizers as build  # noqa: E402
 
 needs_shared = pytest.mark.skipif(
@@ -128,8 +128,8 @@ def test_stand_ins_have_the_length_of_what_they_stand_for():
 @needs_shared
 @pytest.mark.slow
 def test_build_script_reproduces_the_test_data(tmp_path):
-    """tools/build_test_tokenizers.py, rerun: the same bytes (about 20 s)."""
-    subprocess.run([sys.executable, str(ROOT / "tools" / "build_test_tokenizers.py"),
+    """tools/data/build_test_tokenizers.py, rerun: the same bytes (about 20 s)."""
+    subprocess.run([sys.executable, str(ROOT / "tools" / "data" / "build_test_tokenizers.py"),
                     "--out", str(tmp_path)], check=True, capture_output=True)
     made = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     assert made

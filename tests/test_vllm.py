@@ -1,7 +1,7 @@
 """The vLLM plugin and what the engine hooks share: session keys, the calls dtok reproduces
 (truncation included) against real transformers tokenizers, the hooks on a stand-in renderer
 with a real tokenizer, the pool-backed route; and the real vLLM render server through
-tools/vllm_check.py where vLLM can be imported."""
+tools/engines/vllm_check.py where vLLM can be imported."""
 from __future__ import annotations
 
 import asyncio
@@ -344,13 +344,13 @@ def test_pool_backed_route(pooled):
 
 
 def _vllm_runner() -> list[str] | None:
-    """How to run tools/vllm_check.py here: in this interpreter when vLLM imports, else through
-    its cached venv when that exists and DTOK_ENGINE_CHECKS=1 (a minute more each); None: no
-    vLLM here (tests never build the venv)."""
-    tool = str(ROOT / "tools" / "vllm_check.py")
+    """How to run tools/engines/vllm_check.py here: in this interpreter when vLLM imports, else
+    through its cached venv when that exists and DTOK_ENGINE_CHECKS=1 (a minute more each);
+    None: no vLLM here (tests never build the venv)."""
+    tool = str(ROOT / "tools" / "engines" / "vllm_check.py")
     if importlib.util.find_spec("vllm") is not None:
         return [sys.executable, tool, "--inner"]
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "tools" / "engines"))
     try:
         import engine_setup
         import vllm_check
@@ -363,12 +363,12 @@ def _vllm_runner() -> list[str] | None:
 
 @pytest.mark.parametrize("mode", ["check", "control"])
 def test_real_vllm(mode):
-    """The plugin inside vLLM's real render server (tools/vllm_check.py, qwen3): every answer
-    equal to vLLM's own; and its control finds differences with a guard switched off."""
+    """The plugin inside vLLM's real render server (tools/engines/vllm_check.py, qwen3): every
+    answer equal to vLLM's own; and its control finds differences with a guard switched off."""
     runner = _vllm_runner()
     if runner is None:
-        pytest.skip("vLLM is not importable here (run python tools/vllm_check.py, or set "
-                    "DTOK_ENGINE_CHECKS=1 to run it through its cached venv)")
+        pytest.skip("vLLM is not importable here (run python tools/engines/vllm_check.py, or "
+                    "set DTOK_ENGINE_CHECKS=1 to run it through its cached venv)")
     shared_path("tokenizers", "qwen3")  # fails under CI when ../shared is missing
     cmd = runner + ["qwen3"] + (["--control"] if mode == "control" else [])
     env = {**os.environ, "DTOK_VLLM": "1", "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}

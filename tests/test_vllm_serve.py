@@ -3,7 +3,7 @@ tokenizer files): the prompt IDs the server served, as it returns them (``return
 equal the reference's for keyed completions turns, a chat conversation and an unkeyed prompt,
 and dtok answered them (its stats file).
 
-Runs only where the cached server venv exists (``python tools/serve_setup.py``), or with
+Runs only where the cached server venv exists (``python tools/engines/serve_setup.py``), or with
 ``DTOK_ENGINE_CHECKS=1``, which builds it (gigabytes: never in the default CI run). A server
 start takes 50-110 s here.
 """
@@ -20,13 +20,14 @@ import pytest
 from conftest import shared_path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "engines"))
 
 import serve_setup  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not (serve_setup.built() or os.environ.get("DTOK_ENGINE_CHECKS") == "1"),
-    reason="no cached vllm serve venv (python tools/serve_setup.py, or DTOK_ENGINE_CHECKS=1)")
+    reason="no cached vllm serve venv (python tools/engines/serve_setup.py, or "
+           "DTOK_ENGINE_CHECKS=1)")
 
 
 def post(url: str, path: str, body: dict, headers: dict | None = None) -> dict:

@@ -1,7 +1,7 @@
 """dtok's SGLang hook inside a real SGLang TokenizerManager and OpenAIServingChat, on a CPU.
 
 Run from the repository root with any Python 3.10+: the outer run builds or reuses a virtualenv
-outside the repository (``~/.cache/dtok/sglang-<version>-venv``, see tools/engine_setup.py)
+outside the repository (``~/.cache/dtok/sglang-<version>-venv``, see tools/engines/engine_setup.py)
 holding this checkout and SGLang from PyPI (``--no-deps``, a CPU torch, what the tokenizer
 manager imports, a stub for torchvision), then runs the check inside it (or directly, with
 ``--inner``, where ``sglang`` imports). The check builds a tiny model directory (a `config.json`
@@ -14,7 +14,7 @@ every hooked result with SGLang's own tokenization of the same text, complete ID
   (content lookup), timed against SGLang's own encode;
 * the OpenAI chat path: six growing chat requests with a session id.
 
-    python tools/sglang_check.py [qwen3 llama3 deepseek-v3] [--pool N]
+    python tools/engines/sglang_check.py [qwen3 llama3 deepseek-v3] [--pool N]
 
 ``--pool N``: the hooks with ``DTOK_POOL_WORKERS=N`` (dtok built from the model's tokenizer.json
 where the live tokenizer equals it, so the pool can load it). Exit status 1 on any mismatch, 2
@@ -30,14 +30,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import engine_setup  # tools/engine_setup.py (this script's directory is on sys.path)
+import engine_setup  # tools/engines/engine_setup.py (this script's directory is on sys.path)
 from engine_setup import FALLBACK_TEMPLATE, MODELS, SHARED, corpus, model_dir  # noqa: F401
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SGLANG_VERSION = "0.5.23"
 VENV_NAME = f"sglang-{SGLANG_VERSION}-venv"
 # What SGLang's tokenizer manager and OpenAI chat server import on a CPU (SGLang 0.5.23's
-# requirements without GPU kernels; torchvision is a stub, see tools/engine_setup.py).
+# requirements without GPU kernels; torchvision is a stub, see tools/engines/engine_setup.py).
 DEPS = [
     "aiohttp", "anthropic>=0.20.0", "fastapi", "msgspec", "numpy", "openai==2.8.0",
     "openai-harmony==0.0.4", "orjson", "packaging", "partial_json_parser", "pillow",

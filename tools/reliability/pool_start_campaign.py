@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Start a pool many times in a row, some starts with the CPUs busy; count hangs.
 
-    python tools/pool_start_campaign.py [--starts 200] [--under-load-every 3] [--workers 2]
-                                        [--tokenizer qwen3] [--timeout 60]
+    python tools/reliability/pool_start_campaign.py [--starts 200] [--under-load-every 3]
+                                                    [--workers 2] [--tokenizer qwen3] [--timeout 60]
 
 Each start builds ``dtok.Pool(tokenizer, workers=N)``, encodes one keyed text, checks it against
 the reference and closes the pool. Every ``--under-load-every``-th start runs while as many
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("DTOK_SHARED", ROOT.parent / "shared"))
 
 

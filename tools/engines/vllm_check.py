@@ -2,10 +2,10 @@
 
 Run from the repository root with any Python 3.10+:
 
-    python tools/vllm_check.py [qwen3 llama3 deepseek-v3 gpt-oss] [--pool N] [--rebuild]
+    python tools/engines/vllm_check.py [qwen3 llama3 deepseek-v3 gpt-oss] [--pool N] [--rebuild]
 
 The outer run (standard library only) builds or reuses a virtualenv outside the repository
-(``~/.cache/dtok/vllm-<version>-venv``, see tools/engine_setup.py) holding this checkout
+(``~/.cache/dtok/vllm-<version>-venv``, see tools/engines/engine_setup.py) holding this checkout
 (editable) and the real vLLM from PyPI: ``torch==2.13.0`` (a CPU build on this machine), vLLM
 with ``--no-deps``, and what its render path imports. Then it runs itself inside that venv:
 
@@ -37,10 +37,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import engine_setup  # tools/engine_setup.py (this script's directory is on sys.path)
+import engine_setup  # tools/engines/engine_setup.py (this script's directory is on sys.path)
 from engine_setup import FALLBACK_TEMPLATE, MODELS, SHARED, corpus, model_dir  # noqa: F401
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VLLM_VERSION = "0.33.0"
 VENV_NAME = f"vllm-{VLLM_VERSION}-venv"
 # What vLLM's render server imports, from vLLM 0.33.0's requirements (GPU kernels left out;
@@ -295,6 +295,9 @@ async def run_control(check: Checker, tok, model: str, out) -> tuple[int, int]:
 
 @contextlib.contextmanager
 def _guard_off(tok):
+    """The control's fault: the special-token check of the cut rules switched off through
+    ``CutRules._check_specials``, the test seam the battery's controls use (``tests/battery.py``
+    ``checks_disabled``), so this check proves it can see a wrong answer."""
     saved = tok.rules._check_specials
     tok.rules._check_specials = False
     try:

@@ -2,7 +2,8 @@
 """Build dtok's sdist and wheel as a fresh clone would, install each into a fresh virtualenv, and
 run ``dtok demo`` and the test suite against the installed package.
 
-    python tools/check_packaging.py [--python PY ...] [--pytest-args ARGS] [--no-tests] [--keep]
+    python tools/release/check_packaging.py [--python PY ...] [--pytest-args ARGS] [--no-tests]
+                                            [--keep]
 
 For each interpreter (``--python``: a path or a version such as 3.12, looked up on PATH and in
 pyenv; default: the one running this script):
@@ -35,7 +36,7 @@ import time
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def extension_modules(setup_py: Path = ROOT / "setup.py") -> list[str]:
@@ -100,9 +101,12 @@ def check_sdist(path: Path) -> list[str]:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     need = [f"dtok_ext/{m}.pyx" for m in extension_modules()] + [
         "dtok_ext/cuts.pxd", "dtok_ext/unicode_text.pxd", "setup.py", "pyproject.toml",
-        "README.md", "dtok/data/qwen3/tokenizer.json.gz", "tests/conftest.py",
-        "tests/data/tokenizers/qwen3-tiny/tokenizer.json", "tools/build_test_tokenizers.py"]
+        "README.md", "dtok/data/qwen3/tokenizer.json.gz", "dtok/families/_transitions.py",
+        "tests/conftest.py", "tests/data/tokenizers/qwen3-tiny/tokenizer.json",
+        "tools/data/build_test_tokenizers.py"]
     problems = [f"sdist lacks {n}" for n in need if n not in names]
+    if not any(n.startswith("dtok/families/tables/") and n.endswith(".bin.gz") for n in names):
+        problems.append("sdist lacks the class tables (dtok/families/tables)")
     problems += [f"sdist holds a build product {n}" for n in names
                  if n.endswith((".so", ".c")) or "__pycache__" in n]
     return problems

@@ -1,4 +1,4 @@
-"""Pre-tokenizer families: the splitting patterns dtok has an argument and a test battery for.
+"""The family rules: the splitting patterns dtok has an argument and a test battery for.
 
 A family is a sequence of ``Split(Regex, behavior="Isolated", invert=False)`` pre-tokenizers
 followed by ``ByteLevel(add_prefix_space=False, use_regex=False)``, identified by its exact
@@ -36,9 +36,9 @@ three characters), and whether a match can continue past ``y`` is decided within
 characters. So the accepted set of each family is *derived* by enumerating every pair of classes
 with every left context of up to two characters and every right context of up to two characters
 (one representative per class) and keeping the pairs with no counterexample
-(``tools/derive_transitions.py``, stored in :mod:`dtok._transitions`); the test suite re-checks
-the stored set against the installed reference, pair by pair, and checks that every rejected pair
-has a counterexample. Per family, what the derivation finds, and the reason:
+(``tools/data/derive_transitions.py``, stored in ``dtok/families/_transitions.py``); the test
+suite re-checks the stored set against the installed reference, pair by pair, and checks that
+every rejected pair has a counterexample. Per family, what the derivation finds, and the reason:
 
 ``qwen2`` (Qwen2/Qwen3), ``llama3`` (Llama 3, GPT-4 cl100k)
     Accepted: letter -> {other, digit, whitespace, CR, LF, space, apostrophe}; digit -> anything

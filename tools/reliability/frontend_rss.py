@@ -4,7 +4,7 @@ Tokenizer in one process get keyed appends (views and lists) on a few hundred se
 client's own texts bounded, and the process's RSS (anonymous and shared memory) is printed with
 what the stores account, every ``--every`` seconds.
 
-    python tools/frontend_rss.py [--seconds 150] [--session-mb 64] [--sessions 400]
+    python tools/reliability/frontend_rss.py [--seconds 150] [--session-mb 64] [--sessions 400]
 
 Last line: ``front end RSS after the stores filled: +N MiB over S s (A -> B MiB)``.
 """
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benches"))
 
 import dtok  # noqa: E402

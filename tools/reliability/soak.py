@@ -2,7 +2,7 @@
 load for N minutes, with faults injected at random; every answer the reference re-encodes must
 be identical, every request answered once, nothing left in /dev/shm.
 
-    python tools/soak.py --minutes 30 [--rate 8] [--workers 2] [--seed 1] [--out DIR]
+    python tools/reliability/soak.py --minutes 30 [--rate 8] [--workers 2] [--seed 1] [--out DIR]
 
 Three processes of its own: this one (the controller: faults, the reference check, the report),
 the front end (``--front-end``: the pool, the tokenizer, the load, memory samples each second)
@@ -50,7 +50,7 @@ from array import array
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHM = Path("/dev/shm")
 SHARED = Path(os.environ.get("DTOK_SHARED", ROOT.parent / "shared"))
 
@@ -229,12 +229,15 @@ class PoolHolder:
             self.outstanding[pool] -= 1
 
     def supervise(self) -> None:
-        """Once a second: a pool with no live or starting worker for 3 s is retired."""
+        """Once a second: a pool with no live or starting worker for 3 s is retired.
+
+        Whether a worker is *starting* is not in ``pool.stats()``; the soak's probe reads it
+        from the pool's channels (``ready_by``), the one private name this tool reads."""
         pool = self.current
         if pool is not None:
             s = pool.stats()
             dead = not any(w["alive"] for w in s["workers"]) and not any(
-                ch.ready_by for ch in pool._channels)  # noqa: SLF001 - the soak's own probe
+                ch.ready_by for ch in pool._channels)  # noqa: SLF001 - the soak's probe
             if not dead:
                 self.dead_since = None
             elif self.dead_since is None:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """RSS of one process encoding ~1 GB of distinct text through dtok (the memory bound of issue 19).
 
-    python tools/rss_distinct_text.py [--file qwen3] [--gigabytes 1] [--lane default|gigatoken]
-                                      [--renew-chars N]
+    python tools/reliability/rss_distinct_text.py [--file qwen3] [--gigabytes 1]
+                                                  [--lane default|gigatoken] [--renew-chars N]
 
 Documents of 1M characters are corpus text (prose, code, multilingual, adversarial in turn)
 with the lowercase letters permuted by a fresh random permutation per document: every word is
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -46,10 +46,15 @@ def main() -> None:
         from test_fast import with_giga
 
         tok = with_giga(tok, renew_chars=args.renew_chars)
-    giga = tok._second.encoder if tok._second is not None else None
+    st = tok.stats()
+    renew = None
+    if st["second_encoder"] == "gigatoken":
+        from dtok.encoders import GigaEncoder
+
+        renew = args.renew_chars or GigaEncoder.RENEW_CHARS  # what with_giga gave it
     print(f"dtok {dtok.__version__ if hasattr(dtok, '__version__') else ''} {args.file}: encoder "
-          f"{tok.encoder.name}, second {giga and giga.name} classes {sorted(tok._second_classes)}"
-          f" renew_chars {giga and giga.renew_chars}; loaded RSS {status('VmRSS')} MiB", flush=True)
+          f"{st['encoder']}, second {st['second_encoder']} classes {st['second_classes']}"
+          f" renew_chars {renew}; loaded RSS {status('VmRSS')} MiB", flush=True)
     sources = [read_text("prose", "gutenberg-2701_moby-dick.txt"),
                read_text("code", "javascript__lodash__lodash.js.txt"),
                read_text("multilingual", "udhr_all-languages_concatenated.txt"),

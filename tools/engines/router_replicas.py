@@ -1,9 +1,9 @@
 """Two vLLM render-server replicas with dtok behind the real vllm-router, on a CPU.
 
-    python tools/router_replicas.py [--tokenizer qwen3] [--sessions 9] [--turns 12]
-                                    [--policies consistent_hash round_robin] [--no-body-key]
+    python tools/engines/router_replicas.py [--tokenizer qwen3] [--sessions 9] [--turns 12]
+                                            [--policies consistent_hash round_robin] [--no-body-key]
 
-Runs in tools/vllm_check.py's cached venv (plus ``vllm-router`` from PyPI). For each router
+Runs in tools/engines/vllm_check.py's cached venv (plus ``vllm-router`` from PyPI). For each router
 policy: two ``vllm launch render`` replicas (GPU-less render servers, dtok's plugin on with
 ``DTOK_VLLM=1``, built from the model's tokenizer.json, each writing its dtok report at exit
 through ``DTOK_STATS_FILE``), and ``vllm-router --policy POLICY`` in front of them. Agent
@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import engine_setup  # tools/engine_setup.py (this script's directory is on sys.path)
+import engine_setup  # tools/engines/engine_setup.py (this script's directory is on sys.path)
 import vllm_check
 
 ROUTER = "vllm-router==0.1.17"

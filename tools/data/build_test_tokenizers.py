@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Build the test data that lets a fresh clone test itself: ``tests/data/{corpus,tokenizers}``.
 
-    python tools/build_test_tokenizers.py [--shared DIR] [--out DIR] [--guards]
+    python tools/data/build_test_tokenizers.py [--shared DIR] [--out DIR] [--only NAME ...]
+                                               [--guards]
 
 Reads the real files from ``../shared`` (or ``$DTOK_SHARED`` / ``--shared``) and writes, into
 ``tests/data`` (or ``--out``):
@@ -12,16 +13,19 @@ Reads the real files from ``../shared`` (or ``$DTOK_SHARED`` / ``--shared``) and
    ``tests/data/corpus/NOTICE``).
 2. ``tests/data/tokenizers/gpt-oss``: gpt-oss's real ``tokenizer.json`` (Apache-2.0),
    gzip-compressed, and its ``tokenizer_config.json``.
-3. ``tests/data/tokenizers/<name>-tiny``: one small tokenizer per admitted family. The real file
-   with its model's ``vocab`` and ``merges`` replaced by a BPE that ``tokenizers``' own
-   ``BpeTrainer`` trains on the public-domain prose and UDHR text of (1), through the real file's
-   normalizer and pre-tokenizer. Every other section is kept: normalizer, pre-tokenizer, the
-   model's flags (``ignore_merges`` ...), decoder, post-processor, and every added token with its
-   flags, in id order and with the same gaps (ids that were inside the vocabulary stay first in
-   it; the rest follow the new vocabulary at their old offsets). The post-processor's and
-   ``tokenizer_config.json``'s ids are renumbered to match; the config loses its chat template.
+3. ``tests/data/tokenizers/<name>-tiny``: one small tokenizer per admitted family (``TINY``:
+   the real file each is made from and its family; ``tests/conftest.py`` takes its lists of
+   files and families from it). The real file with its model's ``vocab`` and ``merges``
+   replaced by a BPE that ``tokenizers``' own ``BpeTrainer`` trains on the public-domain prose
+   and UDHR text of (1), through the real file's normalizer and pre-tokenizer. Every other
+   section is kept: normalizer, pre-tokenizer, the model's flags (``ignore_merges`` ...),
+   decoder, post-processor, and every added token with its flags, in id order and with the same
+   gaps (ids that were inside the vocabulary stay first in it; the rest follow the new
+   vocabulary at their old offsets). The post-processor's and ``tokenizer_config.json``'s ids
+   are renumbered to match; the config loses its chat template. ``--only NAME ...``: only the
+   small files of these real names (and the corpus, their training text; not gpt-oss's copy).
 4. ``--guards``: the fast encoder's guard tables for the small files, into ``dtok/data/guards``
-   (``tools/build_guards.py``; minutes per file). Needed again whenever a small file's bytes
+   (``tools/data/build_guards.py``; minutes per file). Needed again whenever a small file's bytes
    change, because guard tables are keyed by the file's SHA-256.
 
 The output is deterministic: rerunning it rewrites the same bytes (``tests/test_test_data.py``
@@ -39,7 +43,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
 
 # (folder, file) under shared/corpus, copied verbatim. Licences: tests/data/corpus/NOTICE.
@@ -68,7 +72,7 @@ CORPUS = [
      "minisweagent-deepseek-toolcalls__deepseek_chat_test_1-100__django__django-13660.json"),
 ]
 
-# real name -> (family, vocabulary size of the small file)
+# real name -> (family, vocabulary size of the small file); the small file is "<name>-tiny"
 TINY = {
     "qwen3": ("qwen2", 4096),
     "llama3": ("llama3", 4096),
@@ -198,10 +202,11 @@ def _renumber_post_processor(spec, ids: dict[int, int]):
     return spec
 
 
-def build_tiny(shared: Path, data: Path) -> list[Path]:
+def build_tiny(shared: Path, data: Path, names: list[str]) -> list[Path]:
     texts = training_text(data)
     made = []
-    for name, (family, vocab_size) in TINY.items():
+    for name in names:
+        family, vocab_size = TINY[name]
         text, config = small_tokenizer(shared / "tokenizers" / name, texts, vocab_size)
         out = data / "tokenizers" / f"{name}-tiny"
         write_bytes(out / "tokenizer.json", text.encode("utf-8"))
@@ -229,17 +234,20 @@ def main() -> None:
     default = Path(os.environ.get("DTOK_SHARED", ROOT.parent / "shared"))
     ap.add_argument("--shared", type=Path, default=default)
     ap.add_argument("--out", type=Path, default=DATA, help="where to write (default tests/data)")
+    ap.add_argument("--only", nargs="+", choices=list(TINY), metavar="NAME",
+                    help=f"only the small files of these real files ({', '.join(TINY)})")
     ap.add_argument("--guards", action="store_true",
                     help="also build the fast encoder's guard tables of the small files")
     args = ap.parse_args()
     if not (args.shared / "tokenizers").is_dir():
         sys.exit(f"no shared test data at {args.shared}")
     copy_corpus(args.shared, args.out)
-    copy_gpt_oss(args.shared, args.out)
-    made = build_tiny(args.shared, args.out)
+    if not args.only:
+        copy_gpt_oss(args.shared, args.out)
+    made = build_tiny(args.shared, args.out, args.only or list(TINY))
     if args.guards:
-        subprocess.run([sys.executable, str(ROOT / "tools" / "build_guards.py"), *map(str, made)],
-                       check=True)
+        subprocess.run([sys.executable, str(ROOT / "tools" / "data" / "build_guards.py"),
+                        *map(str, made)], check=True)
 
 
 if __name__ == "__main__":
