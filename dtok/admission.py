@@ -75,13 +75,18 @@ class TokenizerFiles:
 
 
 def read_files(path: str | Path) -> TokenizerFiles:
-    """Read ``tokenizer.json`` (a file, or a directory holding one) and ``tokenizer_config.json``."""
+    """Read ``tokenizer.json`` (a file, or a directory holding one; gzip-compressed when its name
+    ends in ``.gz``) and the ``tokenizer_config.json`` beside it."""
     path = Path(path)
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
         raise FileNotFoundError(f"no tokenizer file at {path}")
     raw = path.read_bytes()
+    if path.suffix == ".gz":
+        import gzip
+
+        raw = gzip.decompress(raw)
     config_path = path.parent / "tokenizer_config.json"
     config = None
     if config_path.is_file():

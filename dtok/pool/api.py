@@ -44,9 +44,11 @@ from dtok.pool.scheduler import Estimator, Queues
 from dtok.pool.session_table import PoolSession, SessionTable
 from dtok.pool.supervision import Supervision, pss_mb
 from dtok.pool.zygote_client import Resources, ZygoteClient
-from dtok.repair import Anchors, Outcome
+from dtok.chunking import chunk_count, split_at
+from dtok.knobs import positive_int
+from dtok.repair import Anchors
 from dtok.sessions import LOOKUP_MIN_CHARS, ContentIndex, replaces, scoped_key
-from dtok.tokenizer import Tokenizer, chunk_count, chunk_cuts, positive_int
+from dtok.tokenizer import Tokenizer
 from dtok_ext.align import common_prefix
 from dtok_ext.buffers import IdBuffer
 from dtok_ext.shm import utf8_length
@@ -417,9 +419,7 @@ class Pool(Supervision):
         live = max(1, sum(ch.alive for ch in self._channels))
         k = min(chunk_count(len(text), self.chunk_target, self.max_chunks),
                 live * self.chunks_per_worker)
-        bounds = [0, *chunk_cuts(self.tokenizer.rules, text, k,
-                                 self.tokenizer.knobs["scan_budget"]), len(text)]
-        return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+        return split_at(text, self.tokenizer.chunker.cuts(text, k))
 
     def _submit_chunked(self, req: Request, pieces: list[str]) -> None:
         req.kind = "chunked"
@@ -437,7 +437,7 @@ class Pool(Supervision):
         requests run one at a time, in order)."""
         while meta.inflight is None and meta.queue:
             req = meta.queue.popleft()
-            plan = self._plan(meta.text, meta.anchors, req.text)
+            plan = self.tokenizer.planner.plan(meta.text, meta.anchors, req.text)
             if plan.kind == "hit":
                 self._counts["session_hits"] += 1
                 self._resolve_session(req, meta, len(meta.ids))
@@ -450,9 +450,6 @@ class Pool(Supervision):
             meta.inflight = req
             self._push_task(task)
             return
-
-    def _plan(self, old: str | None, anchors, text: str):
-        return self.tokenizer.sessions.plan(old, anchors, text)
 
     def _session_task(self, meta: PoolSession, req: Request, plan) -> Task:
         table, joined = P.plan_table(plan)
@@ -544,15 +541,14 @@ class Pool(Supervision):
             log.warning("dtok pool: a session plan failed (%s); encoding whole", c.error)
             self._task_dropped(task)
             try:
-                retry = self._session_task(meta, req, self._plan(None, None, req.text))
+                retry = self._session_task(meta, req, self.tokenizer.planner.plan(None, None, req.text))
             except shm.ShmFull as exc:
                 self._shm_full(req, exc)
                 return
             self.queues.push(ch.index, retry, time.monotonic())
             return
         resolved, counts = ch.report()
-        outcome = Outcome(c.keep - len(self._prefix_ids), [], resolved, counts)
-        anchors = self.tokenizer.sessions.anchors_after(task.plan, outcome, meta.anchors)
+        anchors = self.tokenizer.planner.anchors_after(task.plan, resolved, counts, meta.anchors)
         if meta.known_by != ch.index:  # re-homed (a worker died): the last one may unmap it
             self._unmap_on(meta, meta.known_by)
         self.sessions.accept(meta, task.target.gen, task.target.capacity, req.text, c.n_ids,
