@@ -39,6 +39,7 @@ class Admission:
     prefix: tuple[int, ...] = ()  # IDs the post-processor puts before the text
     suffix: tuple[int, ...] = ()  # ... and after it
     added_tokens: tuple[str, ...] = field(default=(), repr=False)
+    special_tokens: tuple[str, ...] = field(default=(), repr=False)  # those marked special
 
     def __bool__(self) -> bool:
         return self.admitted
@@ -287,4 +288,5 @@ def admit(files: TokenizerFiles, spec: dict[str, Any], reference) -> Admission:
         prefix=affixes[0] if affixes else (),
         suffix=affixes[1] if affixes else (),
         added_tokens=tuple(t.content for t in added if t.content),
+        special_tokens=tuple(t.content for t in added if t.content and t.special),
     )

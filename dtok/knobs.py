@@ -25,6 +25,9 @@ KNOBS: dict[str, Any] = {
     "anchor_spacing": 2048,  # sessions record a cut with its token index about this often (chars)
     "edit_budget": 1 << 22,  # characters of alignment work an edited session may spend
     "encoder": "auto",  # "auto" (fast where admitted and guarded), "fast", "reference"
+    # the reference's switch of that name: special-token strings in the text are plain text
+    # (encoded as the characters they are made of), not the special tokens' IDs
+    "encode_special_tokens": False,
 }
 ENCODERS = ("auto", "fast", "reference")
 _COUNTS = ("chunk_threshold", "chunk_target", "max_chunks", "max_sessions", "session_bytes",
@@ -57,6 +60,7 @@ def validate(knobs: dict[str, Any]) -> dict[str, Any]:
     k["scan_budget"] = budget
     if k["encoder"] not in ENCODERS:
         raise ValueError(f"encoder must be one of {ENCODERS}, got {k['encoder']!r}")
-    if type(k["content_lookup"]) is not bool:
-        raise ValueError(f"content_lookup must be a bool, got {k['content_lookup']!r}")
+    for name in ("content_lookup", "encode_special_tokens"):
+        if type(k[name]) is not bool:
+            raise ValueError(f"{name} must be a bool, got {k[name]!r}")
     return k

@@ -46,11 +46,17 @@ class Loaded:
     second: Lane | None
     second_classes: frozenset[str]
     notes: tuple[str, ...]  # what was loaded and why (Tokenizer.stats()["notes"])
+    # encode_special_tokens: the reference takes special-token strings as plain text; they are
+    # found by ``literal`` in pieces, whose stretches the fast encoders (which would match
+    # them) never get
+    encode_special_tokens: bool = False
+    literal: SpecialMatcher | None = None
 
 
-def load(files: TokenizerFiles, encoder: str = "auto") -> Loaded:
-    """Load ``files``; ``encoder`` is the knob of that name ("reference": no fast encoder is
-    loaded; "fast": FastEncoderError unless one is)."""
+def load(files: TokenizerFiles, encoder: str = "auto",
+         encode_special_tokens: bool = False) -> Loaded:
+    """Load ``files``; ``encoder`` and ``encode_special_tokens`` are the knobs of those names
+    ("reference": no fast encoder is loaded; "fast": FastEncoderError unless one is)."""
     from tokenizers import Tokenizer as Reference
 
     try:
@@ -65,7 +71,10 @@ def load(files: TokenizerFiles, encoder: str = "auto") -> Loaded:
     if admission.admitted:
         t = tables.load(admission.family)
         table = t.table
-        specials = SpecialMatcher(admission.added_tokens)
+        # with encode_special_tokens the reference matches only the added tokens not marked
+        # special: those are the boundaries the cut rules know
+        literal_set = set(admission.special_tokens) if encode_special_tokens else set()
+        specials = SpecialMatcher([t for t in admission.added_tokens if t not in literal_set])
         normalize = reference.normalizer.normalize_str if admission.nfc else None
         if encoder != "reference":
             def json_text() -> str:  # made for each encoder and dropped: a lower peak
@@ -90,8 +99,17 @@ def load(files: TokenizerFiles, encoder: str = "auto") -> Loaded:
     elif encoder == "fast":
         raise FastEncoderError("encoder='fast' needs an admitted file: "
                                + "; ".join(admission.reasons))
+    literal = None
+    if encode_special_tokens:
+        # set only now: admission and the fast encoders' load checks compare with the
+        # reference's default behaviour
+        reference.encode_special_tokens = True
+        if admission.admitted and admission.special_tokens:
+            literal = SpecialMatcher(admission.special_tokens)
+            notes.append(f"encode_special_tokens: {len(admission.special_tokens)} special-token "
+                         "strings are plain text; stretches holding one go to the reference")
     loaded = Loaded(files.released(), reference, admission, rules, fast, nfc_by_fast, second,
-                    second_classes, tuple(notes))
+                    second_classes, tuple(notes), encode_special_tokens, literal)
     _release_free_heap()
     return loaded
 

@@ -69,6 +69,12 @@ class PieceEncoder:
                          loaded.nfc_by_fast)
         self.second: Lane | None = loaded.second if use_fast else None
         self.second_classes = loaded.second_classes if use_fast else frozenset()
+        # encode_special_tokens: special-token strings are plain text to the reference, while
+        # the fast encoders would match them; stretches holding one go to the reference
+        self.literal = loaded.literal
+        self._literal_starts = tuple({t[:2] for t in loaded.admission.special_tokens}) \
+            if loaded.literal is not None else ()
+        self._check_literal = True  # private hook of the control (tests/test_specials.py)
         self._pieces = {"fast": 0, "reference": 0, "second": 0}
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
@@ -96,7 +102,8 @@ class PieceEncoder:
             for a, b, why in self.segments(piece, lanes[k]):
                 if why is not None and len(lanes) > 1:  # the other fast encoder may take it
                     other = lanes[1 - k]
-                    if other.rules.route(piece, a, b, nfc=not other.nfc_by_fast)[0] == 0:
+                    if other.rules.route(piece, a, b, nfc=not other.nfc_by_fast)[0] == 0 \
+                            and not self.literal_spans(piece[a:b]):
                         by_lane[1 - k].append((len(owner), piece[a:b]))
                         owner.append(i)
                         continue
@@ -166,11 +173,15 @@ class PieceEncoder:
         _, rules, nfc_by_fast = self.main if lane is None else lane
         check_nfc = rules.nfc and not nfc_by_fast
         kind, _ = rules.route(piece, nfc=check_nfc)
-        if kind == 0:
+        literal = self.literal_spans(piece)
+        if kind == 0 and not literal:
             return [(0, len(piece), None)]
-        spans = [(a, b, f"guard character U+{ord(piece[a]):04X} at {a}")
-                 for a, b in rules.guard_spans(piece)]
-        if check_nfc:
+        spans = [(a, b, f"special-token text {piece[a:b]!r} at {a} (encode_special_tokens)")
+                 for a, b in literal]
+        if kind != 0:
+            spans += [(a, b, f"guard character U+{ord(piece[a]):04X} at {a}")
+                      for a, b in rules.guard_spans(piece)]
+        if check_nfc and kind != 0:
             spans += [(a, c, f"not NFC at {a}") for a, c in self.unstable(piece)]
         if not spans:
             return [(0, len(piece), None)]
@@ -193,6 +204,14 @@ class PieceEncoder:
         if pos < len(piece):
             out.append((pos, len(piece), None))
         return out
+
+    def literal_spans(self, piece: str) -> list[tuple[int, int]]:
+        """Where special-token strings stand in the piece, when they are plain text
+        (``encode_special_tokens``): the stretches no fast encoder may take."""
+        if self.literal is None or not self._check_literal \
+                or not any(p in piece for p in self._literal_starts):
+            return []
+        return self.literal.find_all(piece)
 
     def unstable(self, piece: str) -> list[tuple[int, int]]:
         """The NFC windows of the piece that the reference normalizer would change (one

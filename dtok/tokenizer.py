@@ -56,7 +56,7 @@ class Tokenizer:
         knobs = validate(knobs)  # fail fast, before reading a large file
         if not isinstance(files, TokenizerFiles):
             files = read_files(files)
-        self._assemble(load(files, knobs["encoder"]), knobs)
+        self._assemble(load(files, knobs["encoder"], knobs["encode_special_tokens"]), knobs)
 
     def _assemble(self, loaded: Loaded, knobs: dict[str, Any]) -> None:
         """The per-instance parts that the knobs decide, over the loaded ones."""
@@ -93,10 +93,12 @@ class Tokenizer:
         """A tokenizer for the same file with other knobs and its own (empty) session state;
         the loaded reference and tables are shared, so this is cheap."""
         merged = validate({**self.knobs, **knobs})
-        if merged["encoder"] != "reference" and self.loaded.fast is None \
-                and self.admission.admitted and self.knobs["encoder"] == "reference":
-            # the fast encoder was never loaded: load the file again from the reference's JSON
-            # (same SHA-256 of the original bytes, so the same guard table)
+        if (merged["encoder"] != "reference" and self.loaded.fast is None
+                and self.admission.admitted and self.knobs["encoder"] == "reference") \
+                or merged["encode_special_tokens"] != self.loaded.encode_special_tokens:
+            # the fast encoder was never loaded, or the reference's switch differs: load the
+            # file again from the reference's JSON (same SHA-256 of the original bytes, so the
+            # same guard table)
             return Tokenizer(replace(self.files, raw=self.tokenizer_json()), **merged)
         clone = object.__new__(Tokenizer)
         clone._assemble(self.loaded, merged)
@@ -128,6 +130,14 @@ class Tokenizer:
                add_special_tokens: bool = True, scope: Hashable | None = None) -> memoryview:
         """IDs of ``text``, exactly as ``reference.encode(text, add_special_tokens=...).ids``.
 
+        Special tokens: as the reference does, every added-token string inside ``text`` (e.g.
+        ``<|im_start|>``) is matched and becomes that token's ID, so text from an untrusted
+        user can carry control tokens of the chat format. To encode such text literally, load
+        with the reference's own switch, ``encode_special_tokens=True``: strings of tokens
+        marked special are then plain text (added tokens not marked special still match), in
+        sessions and pools too. ``add_special_tokens`` is another thing: whether the
+        post-processor's tokens (e.g. BOS) are added around the text.
+
         With ``session=key``, the text and IDs are kept: when the next text for the key extends
         the stored one, only a short tail is re-encoded. Without a key, texts of ``LOOKUP_MIN_CHARS``
         (4096) characters or more are looked up by content (knob ``content_lookup``).
@@ -143,6 +153,9 @@ class Tokenizer:
         >>> b = tok.encode(turn1 + "<|im_start|>assistant\\nHi!", session="chat-1")
         >>> list(b)[: len(a)] == list(a), tok.sessions.stats()["repairs"]
         (True, 1)
+        >>> literal = tok.with_knobs(encode_special_tokens=True)
+        >>> list(literal.encode("<|im_start|>user"))
+        [27, 91, 318, 4906, 91, 29, 872]
         """
         return self._encode(text, session, add_special_tokens, False, scope)
 

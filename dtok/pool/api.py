@@ -66,6 +66,9 @@ AGING = 0.01
 class Pool(Supervision):
     """Worker processes that encode for this process, exactly as the reference would.
 
+    Knobs shared with :class:`dtok.Tokenizer` (chunking, session bounds,
+    ``encode_special_tokens``) left as None are the tokenizer's.
+
     >>> with Pool(workers=2) as pool:
     ...     ids = pool.encode("Hello, world!")
     ...     list(ids) == pool.tokenizer.reference.encode("Hello, world!").ids
@@ -82,14 +85,20 @@ class Pool(Supervision):
                  worker_start_timeout: float = 15.0, name: str | None = None,
                  max_sessions: int | None = None, session_bytes: int | None = None,
                  shm_bytes: int | None = None, spin_us: int = 200, chunks_per_worker: int = 1,
-                 stateless_queue: str = "shared", worker_nice: int = 5) -> None:
+                 stateless_queue: str = "shared", worker_nice: int = 5,
+                 encode_special_tokens: bool | None = None) -> None:
+        literal = {} if encode_special_tokens is None else {
+            "encode_special_tokens": encode_special_tokens}
         if isinstance(tokenizer_or_path, Tokenizer):
-            self.tokenizer = tokenizer_or_path
-            worker_knobs = dict(tokenizer_or_path.knobs)
+            self.tokenizer = tokenizer_or_path.with_knobs(**literal) if literal and \
+                tokenizer_or_path.knobs["encode_special_tokens"] != encode_special_tokens \
+                else tokenizer_or_path
+            worker_knobs = dict(self.tokenizer.knobs)
         else:
-            self.tokenizer = (Tokenizer.default(encoder="reference") if tokenizer_or_path is None
-                              else Tokenizer.from_file(tokenizer_or_path, encoder="reference"))
-            worker_knobs = {"encoder": "auto"}
+            self.tokenizer = (Tokenizer.default(encoder="reference", **literal)
+                              if tokenizer_or_path is None else
+                              Tokenizer.from_file(tokenizer_or_path, encoder="reference", **literal))
+            worker_knobs = {"encoder": "auto", **literal}
         # A knob left unset is the tokenizer's (one rule: the tokenizer's knobs, themselves
         # validated and defaulted from KNOBS).
         tk = self.tokenizer.knobs
