@@ -46,6 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from dtok.chunking import split_at  # noqa: E402
 from common import SHARED, documents, header, machine, smaps, summary, write_json  # noqa: E402
 
 PAUSE_MS = 20.0  # default pause before each timed call (--pause-ms)
@@ -330,14 +331,13 @@ def run_breakdown(name: str, repeats: int) -> list[dict]:
         for d0 in docs * 3:
             d, whole = (d0 + " ")[:-1], (d0 + " ")[:-1]  # fresh strings (no cached UTF-8)
             t = {}
-            t["plan"], cuts = timed(lambda: tok._plan(d))
-            bounds = [0, *cuts, len(d)]
-            t["slice"], pieces = timed(lambda: [d[a:b] for a, b in zip(bounds, bounds[1:])])
-            t["route"], segs = timed(lambda: [tok._segments(p) for p in pieces])
+            t["plan"], cuts = timed(lambda: tok.chunker.cuts(d))
+            t["slice"], pieces = timed(lambda: split_at(d, cuts))
+            t["route"], segs = timed(lambda: [tok.pieces.segments(p) for p in pieces])
             fast_texts = [p[a:b] for p, ss in zip(pieces, segs) for a, b, w in ss if w is None]
             ref_texts = [p[a:b] for p, ss in zip(pieces, segs) for a, b, w in ss if w is not None]
             t["fast encoder"], ids = timed(lambda: tok.encoder.encode_many(fast_texts))
-            t["reference"], rids = timed(lambda: tok.ref_encoder.encode_many(ref_texts)
+            t["reference"], rids = timed(lambda: tok.pieces.reference.encode_many(ref_texts)
                                          if ref_texts else [])
             t["concat"], _ = timed(lambda: IdBuffer.concat(list(ids) + list(rids), (), ()))
             total = (d0 + " ")[:-1]

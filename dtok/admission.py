@@ -39,6 +39,7 @@ class Admission:
     prefix: tuple[int, ...] = ()  # IDs the post-processor puts before the text
     suffix: tuple[int, ...] = ()  # ... and after it
     added_tokens: tuple[str, ...] = field(default=(), repr=False)
+    special_tokens: tuple[str, ...] = field(default=(), repr=False)  # those marked special
 
     def __bool__(self) -> bool:
         return self.admitted
@@ -75,13 +76,18 @@ class TokenizerFiles:
 
 
 def read_files(path: str | Path) -> TokenizerFiles:
-    """Read ``tokenizer.json`` (a file, or a directory holding one) and ``tokenizer_config.json``."""
+    """Read ``tokenizer.json`` (a file, or a directory holding one; gzip-compressed when its name
+    ends in ``.gz``) and the ``tokenizer_config.json`` beside it."""
     path = Path(path)
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
         raise FileNotFoundError(f"no tokenizer file at {path}")
     raw = path.read_bytes()
+    if path.suffix == ".gz":
+        import gzip
+
+        raw = gzip.decompress(raw)
     config_path = path.parent / "tokenizer_config.json"
     config = None
     if config_path.is_file():
@@ -282,4 +288,5 @@ def admit(files: TokenizerFiles, spec: dict[str, Any], reference) -> Admission:
         prefix=affixes[0] if affixes else (),
         suffix=affixes[1] if affixes else (),
         added_tokens=tuple(t.content for t in added if t.content),
+        special_tokens=tuple(t.content for t in added if t.content and t.special),
     )

@@ -48,6 +48,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
+from dtok.chunking import split_at
 from dtok_ext.align import common_prefix, match_runs
 from dtok_ext.buffers import equal_ids
 
@@ -186,8 +187,7 @@ def plan_text(rules: CutRulesLike, old: str | None, anchors: Anchors | None, new
         cuts += rules.grid(new, a, b, knobs.spacing, knobs.scan_budget)
     plan = Plan("encode", 0, len(new))
     plan.ops.append(Fresh(0, len(new), cuts, 0))
-    bounds = [0, *cuts, len(new)]
-    plan.texts.extend(new[a:b] for a, b in zip(bounds, bounds[1:]))
+    plan.texts.extend(split_at(new, cuts))
     return plan
 
 
@@ -241,9 +241,8 @@ def _seam(plan: Plan, old: str, anchors: Anchors, x: int) -> Seam:
 def _add_fresh(plan: Plan, rules: CutRulesLike, text: str, start: int, end: int,
                knobs: PlanKnobs) -> None:
     cuts = rules.grid(text, start, end, knobs.spacing, knobs.scan_budget)
-    bounds = [start, *cuts, end]
     plan.ops.append(Fresh(start, end, cuts, len(plan.texts)))
-    plan.texts.extend(text[a:b] for a, b in zip(bounds, bounds[1:]))
+    plan.texts.extend(split_at(text, cuts, start, end))
 
 
 # --- execution (in process, or in a pool worker) ------------------------------------------------
@@ -301,10 +300,12 @@ def execute(plan: Plan, encode_texts: Callable[[list[str]], list[list]], old_bod
     return Outcome(keep, tail, resolved, counts)
 
 
-def next_anchors(plan: Plan, outcome: Outcome, old: Anchors, margin: int,
-                 spacing: int) -> Anchors:
+def next_anchors(plan: Plan, resolved: Sequence[tuple[int, int]], counts: Sequence[int],
+                 old: Anchors, margin: int, spacing: int) -> Anchors:
     """The anchors of the new text (see the module docstring), about one per ``spacing / 2``
-    characters: an anchor closer than that to the one kept before it is dropped."""
+    characters: an anchor closer than that to the one kept before it is dropped. ``resolved``
+    and ``counts`` are what executing the plan gave (:class:`Outcome`; a pool worker reports
+    them)."""
     gap = max(1, spacing // 2)
     offsets, tokens = array("q", [0]), array("q", [0])
 
@@ -314,7 +315,7 @@ def next_anchors(plan: Plan, outcome: Outcome, old: Anchors, margin: int,
             tokens.append(tok)
 
     t = 0  # token index in the new IDs
-    reuse = iter(outcome.resolved)
+    reuse = iter(resolved)
     for op in plan.ops:
         add(op.new_start, t)
         if isinstance(op, Reuse):
@@ -333,11 +334,11 @@ def next_anchors(plan: Plan, outcome: Outcome, old: Anchors, margin: int,
                     add(old.offsets[k] + shift_o, old.tokens[k] + shift_t)
             t += t1 - t0
         else:
-            counts = outcome.counts[op.first_text : op.first_text + len(op.cuts) + 1]
-            for cut, c in zip(op.cuts, counts):
+            ids = counts[op.first_text : op.first_text + len(op.cuts) + 1]
+            for cut, c in zip(op.cuts, ids):
                 t += c
                 add(cut, t)
-            t += counts[-1]
+            t += ids[-1]
         add(op.new_end, t)
     if offsets[-1] != plan.new_len:  # the end is always an anchor
         if len(offsets) > 1 and plan.new_len - offsets[-1] < gap // 4:
@@ -346,3 +347,40 @@ def next_anchors(plan: Plan, outcome: Outcome, old: Anchors, margin: int,
         offsets.append(plan.new_len)
         tokens.append(t)
     return Anchors(offsets, tokens)
+
+
+# --- the planner the session store and the pool share ------------------------------------------
+
+class Planner:
+    """Plans continuations and the anchors they leave, under one tokenizer's cut rules and
+    knobs: built by the tokenizer, used by its session store and by a pool alike (the front end
+    plans; the store or a pool worker executes).
+
+    >>> import dtok
+    >>> tok = dtok.Tokenizer.default()
+    >>> old = "Hello there. " * 400
+    >>> first = tok.planner.plan(None, None, old)  # nothing stored: encode it all
+    >>> done = execute(first, tok.pieces.encode_texts, None)
+    >>> anchors = tok.planner.anchors_after(first, done.resolved, done.counts, None)
+    >>> tok.planner.plan(old, anchors, old + "More text").kind
+    'append'
+    """
+
+    def __init__(self, rules: CutRulesLike, knobs: PlanKnobs,
+                 chunk_cuts: Callable[[str], list[int]]) -> None:
+        self.rules = rules
+        self.knobs = knobs
+        self._chunk_cuts = chunk_cuts  # the stateless route's cuts: a first encode's chunks
+
+    def plan(self, old: str | None, anchors: Anchors | None, text: str) -> Plan:
+        """The plan that brings ``old`` (with its ``anchors``; None: nothing stored) to
+        ``text``."""
+        return plan_text(self.rules, old, anchors, text, self.knobs, self._chunk_cuts)
+
+    def anchors_after(self, plan: Plan, resolved: Sequence[tuple[int, int]],
+                      counts: Sequence[int], old: Anchors | None) -> Anchors:
+        """The anchors of the text ``plan`` produced (``old``: the stored text's anchors), from
+        what executing it gave: each reused stretch's old token range and each text's ID
+        count."""
+        return next_anchors(plan, resolved, counts, old or Anchors(), self.rules.context,
+                            self.knobs.spacing)

@@ -38,32 +38,17 @@ import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Protocol
+from typing import TYPE_CHECKING, Any, Hashable
 
-from dtok.repair import Anchors, Outcome, Plan, PlanKnobs, execute, next_anchors, plan_text
+from dtok.repair import Anchors, Plan, Planner, execute
 from dtok_ext.align import fingerprints
 from dtok_ext.buffers import IdBuffer, IdList
 
+if TYPE_CHECKING:
+    from dtok.pieces import PieceEncoder
+
 LOOKUP_MIN_CHARS = 4096  # shorter texts cost less to encode than to look up
 LOOKUP_DENSE_UNTIL = 1 << 16  # checkpoints double up to here, then repeat at this spacing
-
-
-class BodyEncoder(Protocol):
-    """What the store needs from a tokenizer (``Tokenizer.bodies``)."""
-
-    rules: Any  # dtok_ext.cuts.CutRules
-    prefix: tuple[int, ...]  # IDs the post-processor puts before the text
-    suffix: tuple[int, ...]  # ... and after it
-
-    def encode_texts(self, texts: list[str]) -> list[list]:
-        """Body IDs of each text, encoded independently (int32 buffers per text)."""
-
-    def encode_whole(self, text: str, headroom: int = 0) -> IdBuffer:
-        """prefix + IDs + suffix of one text by the stateless route; for input the reference
-        rejects, the reference's own exception."""
-
-    def chunk_cuts(self, text: str) -> list[int]:
-        """Where the stateless route cuts ``text`` into chunks (none for a short text)."""
 
 
 def replaces(reused: int, stored: int) -> bool:
@@ -258,15 +243,14 @@ class SessionStore:
     returns.
     """
 
-    def __init__(self, bodies: BodyEncoder, *, max_sessions: int, session_bytes: int,
-                 lookup_entries: int, content_lookup: bool, scan_budget: int,
-                 anchor_spacing: int, edit_budget: int) -> None:
-        self._bodies = bodies
+    def __init__(self, pieces: "PieceEncoder", planner: Planner, *, max_sessions: int,
+                 session_bytes: int, lookup_entries: int, content_lookup: bool) -> None:
+        self._pieces = pieces
+        self.planner = planner
         self.max_sessions = max_sessions
         self.session_bytes = session_bytes
         self.lookup_entries = lookup_entries
         self.content_lookup = content_lookup
-        self.plan_knobs = PlanKnobs(scan_budget, anchor_spacing, edit_budget)
         self._lock = threading.Lock()
         self._keyed: dict[Hashable, Entry] = {}
         self._lru: OrderedDict[Entry, None] = OrderedDict()  # all entries, oldest use first
@@ -320,7 +304,7 @@ class SessionStore:
                     **self._counts}
 
     def describe(self) -> dict[str, Any]:
-        k = self.plan_knobs
+        k = self.planner.knobs
         return {"max_sessions": self.max_sessions, "session_bytes": self.session_bytes,
                 "lookup_entries": self.lookup_entries, "content_lookup": self.content_lookup,
                 "anchor_spacing": k.spacing, "edit_budget": k.edit_budget}
@@ -397,7 +381,7 @@ class SessionStore:
         old = entry.text if entry is not None else None
         if old is None:
             return {} if key is None else {"session": f"no stored text for this {source}"}
-        plan = self.plan(old, entry.anchors, text)
+        plan = self.planner.plan(old, entry.anchors, text)
         if plan.kind == "encode":
             return {"session": f"{source}: nothing of the stored text can be reused"}
         route = {"hit": "session hit", "append": "session repair", "edit": "session edit"}[plan.kind]
@@ -415,7 +399,7 @@ class SessionStore:
         stored text were reused. ``borrowed``: the entry's buffer belongs to a content-lookup
         entry that this one replaces only if it reuses most of it; otherwise the buffer is never
         spliced in place (the stored entry keeps its IDs)."""
-        plan = self.plan(entry.text, entry.anchors, text)
+        plan = self.planner.plan(entry.text, entry.anchors, text)
         kind = {"hit": "hits", "append": "repairs", "edit": "edits",
                 "encode": "full_encodes"}[plan.kind]
         reused = len(text) if plan.kind == "hit" else plan.describe()["reused_chars"]
@@ -430,32 +414,20 @@ class SessionStore:
                 if plan.kind != "encode":
                     kind = "fallbacks"
                 reused = 0
-                entry.buf = self._bodies.encode_whole(text, _headroom(len(text) // 3))
+                entry.buf = self._pieces.encode_whole(text, _headroom(len(text) // 3))
                 entry.spare = None
-                n_body = len(entry.buf) - len(self._bodies.prefix) - len(self._bodies.suffix)
+                n_body = len(entry.buf) - len(self._pieces.prefix) - len(self._pieces.suffix)
                 entry.anchors = Anchors((0, len(text)), (0, n_body)) if text else Anchors()
                 entry.text = text
         self._count(kind)
         return reused
 
-    def plan(self, old: str | None, anchors: Anchors | None, text: str) -> Plan:
-        """The plan that brings ``old`` (with its ``anchors``; None: nothing stored) to
-        ``text``, under this store's knobs: what its sessions and a pool's run."""
-        return plan_text(self._bodies.rules, old, anchors, text, self.plan_knobs,
-                         self._bodies.chunk_cuts)
-
-    def anchors_after(self, plan: Plan, outcome: Outcome, old: Anchors | None) -> Anchors:
-        """The anchors of the text a plan produced (``old``: the stored text's), under this
-        store's knobs: what its sessions and a pool's keep."""
-        return next_anchors(plan, outcome, old or Anchors(), self._bodies.rules.context,
-                            self.plan_knobs.spacing)
-
     def _apply(self, entry: Entry, plan: Plan, text: str, in_place: bool = True) -> None:
-        b = self._bodies
+        b = self._pieces
         p, s = len(b.prefix), len(b.suffix)
         old_body = entry.buf.view(p, len(entry.buf) - s) if entry.buf is not None else None
         outcome = execute(plan, b.encode_texts, old_body)
-        anchors = self.anchors_after(plan, outcome, entry.anchors)
+        anchors = self.planner.anchors_after(plan, outcome.resolved, outcome.counts, entry.anchors)
         total = p + outcome.n_body + s
         if entry.buf is None or plan.kind == "encode":
             buf = IdBuffer.concat(outcome.tail, b.prefix, b.suffix, _headroom(total // 3))
@@ -475,7 +447,7 @@ class SessionStore:
         alive (only what changed since it was current is copied); else in a new buffer, and
         the old one becomes the spare. ``in_place`` False (a borrowed buffer that stays its
         owner's): always a new buffer, nothing kept."""
-        buf, suffix = entry.buf, self._bodies.suffix
+        buf, suffix = entry.buf, self._pieces.suffix
         if not in_place:
             return buf.splice(keep, tail, suffix, headroom)  # old_body is alive: a copy
         if buf.exports == 1:  # only old_body: nobody else holds a view
@@ -495,7 +467,7 @@ class SessionStore:
 
     def _result(self, entry: Entry, special: bool, as_list: bool) -> memoryview | list:
         """The entry's IDs for the caller: a view, or its kept list (caller holds its lock)."""
-        b = self._bodies
+        b = self._pieces
         view = affixed_view(entry.buf, special, len(b.prefix), len(b.suffix))
         entry.lists.note(entry.unchanged)
         if not as_list:

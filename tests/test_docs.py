@@ -8,7 +8,8 @@ import pytest
 
 from conftest import ROOT
 
-MODULES = ["dtok", "dtok.tokenizer", "dtok_ext.buffers", "dtok_ext.specials"]
+MODULES = ["dtok", "dtok.tokenizer", "dtok.knobs", "dtok.chunking", "dtok.repair", "dtok_ext.buffers",
+           "dtok_ext.specials"]
 
 
 def test_readme_examples():

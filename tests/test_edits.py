@@ -263,7 +263,7 @@ def test_repair_falls_back_like_the_stateless_route(monkeypatch):
     def broken(texts):
         raise RuntimeError("encoder failed")
 
-    monkeypatch.setattr(tok.bodies, "encode_texts", broken)
+    monkeypatch.setattr(tok.pieces, "encode_texts", broken)
     more = text + " and a turn"
     assert list(tok.encode(more, session="f")) == ref_ids(tok, more)
     edited = text[:4000] + text[4100:] + " x"

@@ -58,7 +58,7 @@ def test_real_text_differential(name):
 def nfc_checked(tok: dtok.Tokenizer) -> dtok.Tokenizer:
     """The same tokenizer without the NFC proof: text NFC would change goes to the reference."""
     clone = tok.with_knobs()
-    clone._nfc_by_fast = False
+    clone.pieces.main = clone.pieces.main._replace(nfc_by_fast=False)
     return clone
 
 
@@ -192,9 +192,9 @@ def test_unstable_windows_match_per_window_normalization():
         s = "".join(rng.choice(frag) for _ in range(rng.randint(1, 12)))
         want = [(a, c) for a, c in tok.rules.nfc_windows(s) if normalize(s[a:c]) != s[a:c]]
         assert tok.rules.unstable_windows(s) == want, s
-        assert tok._unstable(s) == want
+        assert tok.pieces.unstable(s) == want
     assert tok.rules.unstable_windows("a\ufdd0b\u0301") is None  # holds the separator
-    assert tok._unstable("a\ufdd0e\u0301\u0958") == [(2, 5)]  # by bisection
+    assert tok.pieces.unstable("a\ufdd0e\u0301\u0958") == [(2, 5)]  # by bisection
 
 
 # --- the NFC proof, its control, coalescing, parallel calls, memory ---------------------------
@@ -209,7 +209,7 @@ def test_nfc_proof_is_recorded_and_used():
     guard = guards.load(tok.admission.sha256, fastokens_version())
     assert guard.nfc_proven and guard.nfc["n_failures"] == 0
     assert guard.nfc["probes"]["pairs"] > 10_000_000 and guard.nfc["unprobed"]
-    assert tok._nfc_by_fast and "proven" in " ".join(tok.stats()["notes"])
+    assert tok.pieces.main.nfc_by_fast and "proven" in " ".join(tok.stats()["notes"])
     texts = [read_text(*p) for p in NFD_TEXTS]
     texts.append("".join(texts))
     for text, want in zip(texts, ref_ids_many(tok, texts)):
@@ -262,11 +262,11 @@ def test_control_forced_nfc_proof_finds_differences():
     wants = ref_ids_many(base, texts)
     wrong = _fastokens_without_nfc(base)
     forced = base.with_knobs()
-    forced.encoder, forced._fast, forced._nfc_by_fast = wrong, wrong, True
+    forced.pieces.main = forced.pieces.main._replace(encoder=wrong, nfc_by_fast=True)
     diffs = sum(list(forced.encode(t)) != w for t, w in zip(texts, wants))
     assert diffs >= 20, "the battery cannot see an unproven normalizer"
     checked = nfc_checked(forced)
-    checked.encoder = checked._fast = wrong
+    checked.pieces.main = checked.pieces.main._replace(encoder=wrong)
     assert [list(checked.encode(t)) for t in texts] == wants
 
 
@@ -292,8 +292,9 @@ class _CallCounter:
 
 
 def _counted(tok: dtok.Tokenizer) -> dtok.Tokenizer:
-    tok.encoder = tok._fast = _CallCounter(tok.encoder)
-    tok.ref_encoder = _CallCounter(tok.ref_encoder)
+    p = tok.pieces
+    p.main = p.main._replace(encoder=_CallCounter(p.main.encoder))
+    p.reference = _CallCounter(p.reference)
     return tok
 
 
@@ -306,12 +307,13 @@ def test_thousands_of_spots_cost_few_calls(threads):
     nfd = "".join(prose[i:i + 150] + "e\u0301" for i in range(0, len(prose), 150))
     for name, text, proof in (("llama3", guarded, True), ("qwen3", nfd, False)):
         tok = _counted(fast_tok(name, threads=threads, content_lookup=False).with_knobs())
-        tok._nfc_by_fast = tok._nfc_by_fast and proof
+        main = tok.pieces.main
+        tok.pieces.main = main._replace(nfc_by_fast=main.nfc_by_fast and proof)
         spots = len(text) // 150
-        n_ref = sum(1 for seg in tok._segments(text) if seg[2] is not None)
+        n_ref = sum(1 for seg in tok.pieces.segments(text) if seg[2] is not None)
         assert n_ref > spots // 10, (name, n_ref)  # not merged into one: many short stretches
         assert list(tok.encode(text, add_special_tokens=False)) == ref_ids(tok, text, False)
-        assert tok.ref_encoder.calls <= threads and tok.encoder.calls <= threads, name
+        assert tok.pieces.reference.calls <= threads and tok.encoder.calls <= threads, name
 
 
 def test_chunks_run_on_every_thread():
@@ -355,7 +357,7 @@ def test_route_scan_matches_a_plain_loop(name):
     rules = tok.rules
     table = guards.guarded_table(dtok.tables.load(FAMILY[name]).table,
                                  guards.load(tok.admission.sha256, fastokens_version()),
-                                 tok._nfc_by_fast)
+                                 tok.pieces.main.nfc_by_fast)
 
     def plain(text, start, end, nfc):
         first_other = -1
@@ -418,7 +420,7 @@ def with_giga(tok: dtok.Tokenizer, classes=("latin", "other"), guarded: bool = T
     first). ``guarded=False`` is the control's private hook: gigatoken's guards switched off
     (no guard character at all, its NFC taken as proven), so it gets every piece whole."""
     from dtok.encoders import GigaEncoder
-    from dtok.tokenizer import Lane
+    from dtok.loading import Lane
     from dtok_ext.cuts import CutRules
 
     guard = giga_table(tok)
@@ -431,9 +433,9 @@ def with_giga(tok: dtok.Tokenizer, classes=("latin", "other"), guarded: bool = T
         nfc = True
     normalize = tok.reference.normalizer.normalize_str if tok.admission.nfc else None
     clone = tok.with_knobs()
-    clone._second = Lane(GigaEncoder(tok.tokenizer_json().decode(), tok.reference, renew_chars),
+    clone.pieces.second = Lane(GigaEncoder(tok.tokenizer_json().decode(), tok.reference, renew_chars),
                          CutRules(table, fam.accept, tok.rules.specials, normalize), nfc)
-    clone._second_classes = frozenset(classes)
+    clone.pieces.second_classes = frozenset(classes)
     return clone
 
 
@@ -472,7 +474,7 @@ def test_gigatoken_guard_tables_ship(name):
         assert guard.nfc["probes"]["pairs"] > 10_000_000
     notes = " ".join(tok.stats()["notes"])
     assert "gigatoken" in notes
-    assert (tok._second is not None) == bool(tok._second_classes)
+    assert (tok.pieces.second is not None) == bool(tok.pieces.second_classes)
 
 
 @pytest.mark.parametrize("name", MAIN_FILES)
@@ -522,7 +524,7 @@ def test_gigatoken_instance_is_renewed():
     _need_gigatoken()
     base = fast_tok("qwen3", content_lookup=False)
     tok = with_giga(base, renew_chars=100_000)
-    giga = tok._second.encoder
+    giga = tok.pieces.second.encoder
     first = giga.native
     text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:300_000]
     for k in range(0, len(text), 30_000):
@@ -534,7 +536,7 @@ def test_gigatoken_instance_is_renewed():
 def test_text_class_of_real_text():
     """The router's text classes: prose and code (curly quotes and dashes included) are
     'latin', text in other scripts 'other'."""
-    from dtok.tokenizer import text_class
+    from dtok.pieces import text_class
 
     for kind, name in (("prose", "gutenberg-2701_moby-dick.txt"),
                        ("code", "go__fzf__src_pattern.go.txt")):

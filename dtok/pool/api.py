@@ -44,9 +44,11 @@ from dtok.pool.scheduler import Estimator, Queues
 from dtok.pool.session_table import PoolSession, SessionTable
 from dtok.pool.supervision import Supervision, pss_mb
 from dtok.pool.zygote_client import Resources, ZygoteClient
-from dtok.repair import Anchors, Outcome
+from dtok.chunking import chunk_count, split_at
+from dtok.knobs import positive_int
+from dtok.repair import Anchors
 from dtok.sessions import LOOKUP_MIN_CHARS, ContentIndex, replaces, scoped_key
-from dtok.tokenizer import Tokenizer, chunk_count, chunk_cuts, positive_int
+from dtok.tokenizer import Tokenizer
 from dtok_ext.align import common_prefix
 from dtok_ext.buffers import IdBuffer
 from dtok_ext.shm import utf8_length
@@ -64,6 +66,9 @@ AGING = 0.01
 class Pool(Supervision):
     """Worker processes that encode for this process, exactly as the reference would.
 
+    Knobs shared with :class:`dtok.Tokenizer` (chunking, session bounds,
+    ``encode_special_tokens``) left as None are the tokenizer's.
+
     >>> with Pool(workers=2) as pool:
     ...     ids = pool.encode("Hello, world!")
     ...     list(ids) == pool.tokenizer.reference.encode("Hello, world!").ids
@@ -80,14 +85,20 @@ class Pool(Supervision):
                  worker_start_timeout: float = 15.0, name: str | None = None,
                  max_sessions: int | None = None, session_bytes: int | None = None,
                  shm_bytes: int | None = None, spin_us: int = 200, chunks_per_worker: int = 1,
-                 stateless_queue: str = "shared", worker_nice: int = 5) -> None:
+                 stateless_queue: str = "shared", worker_nice: int = 5,
+                 encode_special_tokens: bool | None = None) -> None:
+        literal = {} if encode_special_tokens is None else {
+            "encode_special_tokens": encode_special_tokens}
         if isinstance(tokenizer_or_path, Tokenizer):
-            self.tokenizer = tokenizer_or_path
-            worker_knobs = dict(tokenizer_or_path.knobs)
+            self.tokenizer = tokenizer_or_path.with_knobs(**literal) if literal and \
+                tokenizer_or_path.knobs["encode_special_tokens"] != encode_special_tokens \
+                else tokenizer_or_path
+            worker_knobs = dict(self.tokenizer.knobs)
         else:
-            self.tokenizer = (Tokenizer.default(encoder="reference") if tokenizer_or_path is None
-                              else Tokenizer.from_file(tokenizer_or_path, encoder="reference"))
-            worker_knobs = {"encoder": "auto"}
+            self.tokenizer = (Tokenizer.default(encoder="reference", **literal)
+                              if tokenizer_or_path is None else
+                              Tokenizer.from_file(tokenizer_or_path, encoder="reference", **literal))
+            worker_knobs = {"encoder": "auto", **literal}
         # A knob left unset is the tokenizer's (one rule: the tokenizer's knobs, themselves
         # validated and defaulted from KNOBS).
         tk = self.tokenizer.knobs
@@ -417,9 +428,7 @@ class Pool(Supervision):
         live = max(1, sum(ch.alive for ch in self._channels))
         k = min(chunk_count(len(text), self.chunk_target, self.max_chunks),
                 live * self.chunks_per_worker)
-        bounds = [0, *chunk_cuts(self.tokenizer.rules, text, k,
-                                 self.tokenizer.knobs["scan_budget"]), len(text)]
-        return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+        return split_at(text, self.tokenizer.chunker.cuts(text, k))
 
     def _submit_chunked(self, req: Request, pieces: list[str]) -> None:
         req.kind = "chunked"
@@ -437,7 +446,7 @@ class Pool(Supervision):
         requests run one at a time, in order)."""
         while meta.inflight is None and meta.queue:
             req = meta.queue.popleft()
-            plan = self._plan(meta.text, meta.anchors, req.text)
+            plan = self.tokenizer.planner.plan(meta.text, meta.anchors, req.text)
             if plan.kind == "hit":
                 self._counts["session_hits"] += 1
                 self._resolve_session(req, meta, len(meta.ids))
@@ -450,9 +459,6 @@ class Pool(Supervision):
             meta.inflight = req
             self._push_task(task)
             return
-
-    def _plan(self, old: str | None, anchors, text: str):
-        return self.tokenizer.sessions.plan(old, anchors, text)
 
     def _session_task(self, meta: PoolSession, req: Request, plan) -> Task:
         table, joined = P.plan_table(plan)
@@ -544,15 +550,14 @@ class Pool(Supervision):
             log.warning("dtok pool: a session plan failed (%s); encoding whole", c.error)
             self._task_dropped(task)
             try:
-                retry = self._session_task(meta, req, self._plan(None, None, req.text))
+                retry = self._session_task(meta, req, self.tokenizer.planner.plan(None, None, req.text))
             except shm.ShmFull as exc:
                 self._shm_full(req, exc)
                 return
             self.queues.push(ch.index, retry, time.monotonic())
             return
         resolved, counts = ch.report()
-        outcome = Outcome(c.keep - len(self._prefix_ids), [], resolved, counts)
-        anchors = self.tokenizer.sessions.anchors_after(task.plan, outcome, meta.anchors)
+        anchors = self.tokenizer.planner.anchors_after(task.plan, resolved, counts, meta.anchors)
         if meta.known_by != ch.index:  # re-homed (a worker died): the last one may unmap it
             self._unmap_on(meta, meta.known_by)
         self.sessions.accept(meta, task.target.gen, task.target.capacity, req.text, c.n_ids,

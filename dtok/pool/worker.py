@@ -34,7 +34,7 @@ def _die_with_parent() -> None:
 
 class Worker:
     def __init__(self, tok, prefix: str, index: int) -> None:
-        self.bodies = tok.bodies
+        self.pieces = tok.pieces
         self.prefix = prefix
         self.index = index
         self.ctl_seg = Segment(P.control_name(prefix, index), 0, create=False)
@@ -47,7 +47,7 @@ class Worker:
         self.result: Segment | None = None
         self.result_gen = -1
         self.segments: dict[int, dict[int, Segment]] = {}  # sid -> {gen: mapping}
-        self.n_prefix = len(tok.bodies.prefix)
+        self.n_prefix = len(tok.pieces.prefix)
 
     # --- segments -------------------------------------------------------------------------
 
@@ -178,7 +178,7 @@ class Worker:
         off = 8 * c.n_drops
         if op == P.OP_ENCODE:
             text = read_str(payload, off, c.kind, c.text_chars)
-            (parts,) = self.bodies.encode_texts([text])
+            (parts,) = self.pieces.encode_texts([text])
             c.n_ids = write_ids(self._result(), 0, parts)
             return P.ST_OK
         if op == P.OP_SESSION:
@@ -202,22 +202,22 @@ class Worker:
                     if old is not None else None)
         outcome = None
         try:
-            outcome = execute(plan, self.bodies.encode_texts, old_body)
+            outcome = execute(plan, self.pieces.encode_texts, old_body)
             keep = p + outcome.keep
             if dst is not old:
                 if old is not None:
                     valid = min(c.dst_valid, keep)
                     copy_ids(old.map, valid, dst.map, valid, keep - valid)
                 else:
-                    write_ids(dst.map, 0, [self.bodies.prefix])
-            n = write_ids(dst.map, keep, [*outcome.tail, self.bodies.suffix])
+                    write_ids(dst.map, 0, [self.pieces.prefix])
+            n = write_ids(dst.map, keep, [*outcome.tail, self.pieces.suffix])
         finally:
             if outcome is not None:
                 outcome.tail.clear()
             if old_body is not None:
                 old_body.release()
         self._cache(sid, {c.seg_gen: dst} if old is None else {c.seg_gen: dst, c.old_seg_gen: old})
-        c.n_ids = keep - p + n - len(self.bodies.suffix)
+        c.n_ids = keep - p + n - len(self.pieces.suffix)
         c.keep = keep
         words = P.report(outcome)
         c.report_words = len(words)

@@ -11,7 +11,7 @@ code-point results from an existing table (this schema or an earlier one) for th
 versions (they do not depend on the schema) and runs only the rest (the NFC proof).
 
 ``--speed`` (gigatoken tables): measure, in this process, gigatoken against fastokens on
-64K-character documents of each text class dtok routes by (``dtok.tokenizer.text_class``:
+64K-character documents of each text class dtok routes by (``dtok.pieces.text_class``:
 "latin" = prose and code, "other" = multilingual and adversarial text) from the corpus, and
 record the per-class median ratio in the file's table: dtok gives gigatoken the classes where
 it took at most ``SECOND_WINS`` of fastokens' time. Each document is new to both encoders (the
@@ -93,7 +93,7 @@ def _corpus_docs(corpus: Path | None) -> dict[str, list[str]]:
 
 
 def record_speed(path: Path, out: Path, corpus: Path | None) -> None:
-    from dtok.tokenizer import text_class
+    from dtok.pieces import text_class
 
     tok = Tokenizer.from_file(path, encoder="reference")
     raw = tok.tokenizer_json().decode("utf-8")

@@ -1,0 +1,66 @@
+"""Operator knobs: their defaults (the paper's parameters, supplement S6.2) and their checks.
+
+>>> validate({"chunk_target": 32768})["chunk_target"], KNOBS["max_chunks"]
+(32768, 16)
+>>> validate({"chunk_taget": 1})
+Traceback (most recent call last):
+TypeError: unknown knob(s): chunk_taget
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["KNOBS", "ENCODERS", "validate", "positive_int"]
+
+KNOBS: dict[str, Any] = {
+    "threads": None,  # encoder threads for chunked encodes; None = the CPUs this process may use
+    "chunk_threshold": 131072,  # texts this long (code points) or longer are cut into chunks
+    "chunk_target": 65536,  # aimed-at chunk length
+    "max_chunks": 16,
+    "scan_budget": (48, 4096),  # backward scan for a safe cut: first stage, then up to the second
+    "content_lookup": True,  # unkeyed texts of 4096+ characters reuse a stored text's IDs
+    "max_sessions": 4096,  # keyed sessions kept
+    "session_bytes": 128 << 20,  # text + IDs kept for sessions and content lookup (LRU)
+    "lookup_entries": 1024,  # content-lookup entries kept (oldest dropped first)
+    "anchor_spacing": 2048,  # sessions record a cut with its token index about this often (chars)
+    "edit_budget": 1 << 22,  # characters of alignment work an edited session may spend
+    "encoder": "auto",  # "auto" (fast where admitted and guarded), "fast", "reference"
+    # the reference's switch of that name: special-token strings in the text are plain text
+    # (encoded as the characters they are made of), not the special tokens' IDs
+    "encode_special_tokens": False,
+}
+ENCODERS = ("auto", "fast", "reference")
+_COUNTS = ("chunk_threshold", "chunk_target", "max_chunks", "max_sessions", "session_bytes",
+           "lookup_entries", "anchor_spacing", "edit_budget")
+
+
+def positive_int(name: str, value) -> None:
+    """The check every count-like knob gets (the tokenizer's and the pool's)."""
+    if type(value) is not int or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def validate(knobs: dict[str, Any]) -> dict[str, Any]:
+    """Every knob, the given ones checked and the others at their defaults (``scan_budget`` as
+    a tuple); TypeError for an unknown name, ValueError for a bad value."""
+    unknown = set(knobs) - set(KNOBS)
+    if unknown:
+        raise TypeError(f"unknown knob(s): {', '.join(sorted(unknown))}")
+    k = {**KNOBS, **knobs}
+    for name in _COUNTS:
+        positive_int(name, k[name])
+    if k["threads"] is not None and (type(k["threads"]) is not int or k["threads"] < 1):
+        raise ValueError(f"threads must be a positive int or None, got {k['threads']!r}")
+    try:
+        budget = tuple(k["scan_budget"])
+    except TypeError:
+        budget = ()
+    if not budget or any(type(b) is not int or b < 0 for b in budget):
+        raise ValueError(f"scan_budget must be non-negative ints, got {k['scan_budget']!r}")
+    k["scan_budget"] = budget
+    if k["encoder"] not in ENCODERS:
+        raise ValueError(f"encoder must be one of {ENCODERS}, got {k['encoder']!r}")
+    for name in ("content_lookup", "encode_special_tokens"):
+        if type(k[name]) is not bool:
+            raise ValueError(f"{name} must be a bool, got {k[name]!r}")
+    return k

@@ -1,0 +1,306 @@
+"""The piece encoder: body IDs (no post-processing) of independent pieces of admitted text.
+
+Each piece goes to a fast encoder, except the stretches around guard characters or text NFC
+would change, which go to the reference; stretches start and end at safe cuts, so their IDs
+concatenate to the piece's (:mod:`dtok.repair` and DESIGN.md say why). The calls run on a thread
+pool and in the calling thread at once (every encoder releases the GIL). The tokenizer's
+stateless route, the session store and the pool's workers all encode through this object.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from dtok.chunking import Chunker, split_at
+from dtok.encoders import ReferenceEncoder
+from dtok.loading import Lane, Loaded
+from dtok_ext.buffers import IdBuffer, ids_from_list
+
+__all__ = ["PieceEncoder", "text_class", "available_cpus"]
+
+# Reference stretches closer than this are sent as one (a piece costs a few microseconds in each
+# encoder; the reference takes ~0.5 us per character).
+COALESCE_GAP = 32
+# Below this many characters of work per thread, the chunks of a text are encoded in one call.
+PARALLEL_MIN_CHARS = 32768
+
+
+def text_class(piece: str) -> str:
+    """'latin' (about one UTF-8 byte per character: prose, code) or 'other' (multilingual
+    text), judged on a sample of the piece: the class the second encoder's speed was measured
+    on (``tools/build_guards.py --speed``)."""
+    if piece.isascii():
+        return "latin"
+    sample = piece[::61] if len(piece) > 4096 else piece
+    return "latin" if len(sample.encode("utf-8", "surrogatepass")) * 10 <= len(sample) * 11 \
+        else "other"
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class PieceEncoder:
+    """Encodes pieces of admitted text on a tokenizer's encoders (see the module docstring).
+
+    ``main`` (the fast encoder with the rules that guard it, or the reference), ``second``
+    (gigatoken's lane, for ``second_classes`` of text) and ``reference`` are read at each call:
+    the controls of the exactness battery replace them (test seams)."""
+
+    def __init__(self, loaded: Loaded, knobs: dict[str, Any], chunker: Chunker) -> None:
+        a = loaded.admission
+        self.rules = loaded.rules
+        self.prefix: tuple[int, ...] = a.prefix  # IDs the post-processor puts before the text
+        self.suffix: tuple[int, ...] = a.suffix  # ... and after it
+        self.chunker = chunker
+        self.scan_budget = knobs["scan_budget"][-1]
+        self.threads = knobs["threads"] or available_cpus()
+        self._reference_tokenizer = loaded.reference
+        self.reference = ReferenceEncoder(loaded.reference)
+        use_fast = loaded.fast is not None and knobs["encoder"] != "reference"
+        self.main = Lane(loaded.fast if use_fast else self.reference, loaded.rules,
+                         loaded.nfc_by_fast)
+        self.second: Lane | None = loaded.second if use_fast else None
+        self.second_classes = loaded.second_classes if use_fast else frozenset()
+        # encode_special_tokens: special-token strings are plain text to the reference, while
+        # the fast encoders would match them; stretches holding one go to the reference
+        self.literal = loaded.literal
+        self._literal_starts = tuple({t[:2] for t in loaded.admission.special_tokens}) \
+            if loaded.literal is not None else ()
+        self._check_literal = True  # private hook of the control (tests/test_specials.py)
+        self._pieces = {"fast": 0, "reference": 0, "second": 0}
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    # --- encoding -------------------------------------------------------------------------
+
+    def encode_texts(self, pieces: list[str], batch: bool = False) -> list[list]:
+        """Body IDs of each piece, encoded independently: for each piece, the list of its int32
+        buffers. The stretches that must go to the reference are sent in at most ``threads``
+        calls (one with ``batch``: short texts of a batch), and the rest in at most
+        ``threads`` calls to each fast encoder."""
+        if not pieces:
+            return []
+        if self.main.encoder is self.reference:
+            self._count(reference=len(pieces))
+            if batch:
+                return [[ids] for ids in self.reference.encode_many(pieces)]
+            return [[ids] for ids in self._map(self.reference.encode, pieces)]
+        lanes = [self.main] if self.second is None else [self.main, self.second]
+        by_lane: list[list] = [[] for _ in lanes]  # (slot, sub-text) for each fast encoder
+        slow = []
+        owner = []  # slot -> piece index
+        for i, piece in enumerate(pieces):
+            k = 1 if len(lanes) > 1 and text_class(piece) in self.second_classes else 0
+            for a, b, why in self.segments(piece, lanes[k]):
+                if why is not None and len(lanes) > 1:  # the other fast encoder may take it
+                    other = lanes[1 - k]
+                    if other.rules.route(piece, a, b, nfc=not other.nfc_by_fast)[0] == 0 \
+                            and not self.literal_spans(piece[a:b]):
+                        by_lane[1 - k].append((len(owner), piece[a:b]))
+                        owner.append(i)
+                        continue
+                (by_lane[k] if why is None else slow).append((len(owner), piece[a:b]))
+                owner.append(i)
+        self._count(fast=len(by_lane[0]), reference=len(slow),
+                    second=len(by_lane[1]) if len(lanes) > 1 else 0)
+        calls = [(lane.encoder.encode_many, g)
+                 for lane, items in zip(lanes, by_lane) for g in self._groups(items)]
+        calls += [(self.reference.encode_stretches, g) for g in self._groups(slow, batch)]
+        results: list = [None] * len(owner)
+        pending = []
+        if len(calls) > 1:
+            pool = self._pool()
+            pending = [(g, pool.submit(fn, [t for _, t in g])) for fn, g in calls[1:]]
+            calls = calls[:1]
+        for fn, g in calls:
+            for (j, _), ids in zip(g, fn([t for _, t in g])):
+                results[j] = ids
+        for g, fut in pending:
+            for (j, _), ids in zip(g, fut.result()):
+                results[j] = ids
+        out: list[list] = [[] for _ in pieces]
+        for j, i in enumerate(owner):
+            out[i].append(results[j])
+        return out
+
+    def encode_body(self, text: str) -> list:
+        """Body IDs of one text as a list of buffers, cut into chunks where the stateless route
+        cuts it (:meth:`dtok.chunking.Chunker.stateless_cuts`)."""
+        cuts = self.chunker.stateless_cuts(text)
+        if cuts:
+            return [p for parts in self.encode_texts(split_at(text, cuts)) for p in parts]
+        return self.encode_texts([text])[0]
+
+    def encode_whole(self, text: str, headroom: int = 0) -> IdBuffer:
+        """prefix + IDs + suffix of one text by the stateless route, in one buffer with
+        ``headroom`` spare capacity; for input the reference rejects (e.g. a lone surrogate),
+        whatever the reference does with the whole text."""
+        try:
+            parts = self.encode_body(text)
+        except Exception:
+            return self.encode_by_reference(text, True)
+        return IdBuffer.concat(parts, self.prefix, self.suffix, headroom)
+
+    def encode_by_reference(self, text, add_special_tokens) -> IdBuffer:
+        """One reference encode of the whole text, post-processing by the reference (the route
+        for files that are not admitted, and for input the reference must judge: its own
+        exception for input it rejects)."""
+        ref = self._reference_tokenizer
+        if type(text) is str and type(add_special_tokens) is bool:
+            try:
+                (enc,) = ref.encode_batch_fast([text], add_special_tokens=add_special_tokens)
+                return ids_from_list(enc.ids)
+            except Exception:
+                pass  # fall through: the reference's own encode raises its own exception
+        return ids_from_list(ref.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    # --- routing --------------------------------------------------------------------------
+
+    def segments(self, piece: str, lane: Lane | None = None
+                 ) -> list[tuple[int, int, str | None]]:
+        """[(start, end, why)] covering the piece: why is None for stretches the fast encoder
+        (of ``lane``: the main one by default) may take, else why the stretch goes elsewhere.
+        Stretches start and end at safe cuts, so their IDs concatenate to the piece's; stretches
+        closer than COALESCE_GAP characters are merged (one piece instead of three)."""
+        _, rules, nfc_by_fast = self.main if lane is None else lane
+        check_nfc = rules.nfc and not nfc_by_fast
+        kind, _ = rules.route(piece, nfc=check_nfc)
+        literal = self.literal_spans(piece)
+        if kind == 0 and not literal:
+            return [(0, len(piece), None)]
+        spans = [(a, b, f"special-token text {piece[a:b]!r} at {a} (encode_special_tokens)")
+                 for a, b in literal]
+        if kind != 0:
+            spans += [(a, b, f"guard character U+{ord(piece[a]):04X} at {a}")
+                      for a, b in rules.guard_spans(piece)]
+        if check_nfc and kind != 0:
+            spans += [(a, c, f"not NFC at {a}") for a, c in self.unstable(piece)]
+        if not spans:
+            return [(0, len(piece), None)]
+        spans.sort()
+        stretches = rules.isolate(piece, [(a, b) for a, b, _ in spans], self.scan_budget)
+        merged: list[list[int]] = []
+        for a, b in stretches:
+            if merged and a - merged[-1][1] < COALESCE_GAP:
+                merged[-1][1] = b
+            else:
+                merged.append([a, b])
+        out, pos, k = [], 0, 0
+        for a, b in merged:
+            if a > pos:
+                out.append((pos, a, None))
+            while k + 1 < len(spans) and spans[k][1] <= a:
+                k += 1
+            out.append((a, b, spans[k][2]))
+            pos = b
+        if pos < len(piece):
+            out.append((pos, len(piece), None))
+        return out
+
+    def literal_spans(self, piece: str) -> list[tuple[int, int]]:
+        """Where special-token strings stand in the piece, when they are plain text
+        (``encode_special_tokens``): the stretches no fast encoder may take."""
+        if self.literal is None or not self._check_literal \
+                or not any(p in piece for p in self._literal_starts):
+            return []
+        return self.literal.find_all(piece)
+
+    def unstable(self, piece: str) -> list[tuple[int, int]]:
+        """The NFC windows of the piece that the reference normalizer would change (one
+        normalizer call over all windows; by bisection if the piece holds the separator)."""
+        found = self.rules.unstable_windows(piece)
+        if found is not None:
+            return found
+        normalize = self._reference_tokenizer.normalizer.normalize_str
+        windows = self.rules.nfc_windows(piece)
+        texts = [piece[a:c] for a, c in windows]
+
+        def bad(lo: int, hi: int) -> list[tuple[int, int]]:
+            joined = "\n".join(texts[lo:hi])
+            try:
+                if normalize(joined) == joined:
+                    return []
+            except UnicodeError:  # a lone surrogate: the reference will judge that stretch
+                pass
+            if hi - lo == 1:
+                return [windows[lo]]
+            mid = (lo + hi) // 2
+            return bad(lo, mid) + bad(mid, hi)
+
+        return bad(0, len(windows)) if windows else []
+
+    def routes(self, pieces: list[str]) -> list[str]:
+        """For each piece, "fast", or which of its stretches go to the reference and why."""
+        if self.main.encoder is self.reference:
+            return ["reference"] * len(pieces)
+        out = []
+        for piece in pieces:
+            segs = [(a, b, why) for a, b, why in self.segments(piece) if why is not None]
+            if not segs:
+                out.append("fast")
+            else:
+                n = sum(b - a for a, b, _ in segs)
+                out.append(f"reference for {n} of {len(piece)} chars ({len(segs)} stretch(es), "
+                           f"first: {segs[0][2]})")
+        return out
+
+    def counts(self) -> dict[str, int]:
+        """Pieces each encoder took so far."""
+        with self._lock:
+            return {"fast_pieces": self._pieces["fast"],
+                    "reference_pieces": self._pieces["reference"],
+                    "second_pieces": self._pieces["second"]}
+
+    def close(self) -> None:
+        """Stop the encoder threads (they are also stopped when this object is collected)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    # --- threads --------------------------------------------------------------------------
+
+    def _groups(self, items: list, one: bool = False) -> list[list]:
+        """Split (slot, text) items into at most ``threads`` groups of about equal length, one
+        encoder call each; short work stays in one group (a thread hand-off costs more)."""
+        if not items:
+            return []
+        total = sum(len(t) for _, t in items)
+        n = 1 if one else min(self.threads, len(items), max(1, total // PARALLEL_MIN_CHARS))
+        if n == 1:
+            return [items]
+        groups: list[list] = [[] for _ in range(n)]
+        share, size, g = total / n, 0, 0
+        for item in items:  # contiguous runs keep each group's text in order
+            if size >= share * (g + 1) and g < n - 1:
+                g += 1
+            groups[g].append(item)
+            size += len(item[1])
+        return [grp for grp in groups if grp]
+
+    def _count(self, fast: int = 0, reference: int = 0, second: int = 0) -> None:
+        with self._lock:
+            self._pieces["fast"] += fast
+            self._pieces["reference"] += reference
+            self._pieces["second"] += second
+
+    def _map(self, fn, items: list) -> list:
+        if self.threads == 1 or len(items) == 1:
+            return [fn(x) for x in items]
+        return list(self._pool().map(fn, items))
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            with self._lock:
+                if self._executor is None:
+                    ex = ThreadPoolExecutor(self.threads, thread_name_prefix="dtok-encode")
+                    weakref.finalize(self, ex.shutdown, wait=False)
+                    self._executor = ex
+        return self._executor
