@@ -4,7 +4,15 @@
     pip install matplotlib && python benches/figures.py [--results bench-results] [--out docs/figures]
 
 Each figure is drawn only when its JSON exists; the figure says what ran where (the JSON's
-machine line). Nothing is measured here.
+machine line, with the load average at the start of each run). Nothing is measured here.
+
+    append-patterns.png, edit-patterns.png  bench_append.py / bench_edits.py --patterns
+    pool-patterns.png                       bench_pool.py --patterns
+    pool-spacing.png                        bench_pool.py (pool.json)
+    sessions-context.png                    bench_append.py [--encoder reference] (append-auto.json,
+                                            append-reference.json), bench_edits.py (edits.json)
+    stateless-peers.png                     bench_fast.py --speed-only (fast.json)
+    ttft.png                                bench_ttft.py (every ttft-*.json)
 """
 from __future__ import annotations
 
