@@ -5,7 +5,7 @@ better of its own queue's head (its sessions' tasks) and the shared queue's head
 requests and the chunks of long ones), the local one on a tie, and keeps it until done (a running
 encode is never interrupted). Text and IDs move through shared memory
 (:mod:`dtok.pool.channel`); a session's IDs stay in its own segment, which callers see through
-read-only views without a copy (:mod:`dtok.pool.session_table`). Workers are forked by a zygote
+read-only views without a copy (:mod:`dtok.pool.shared_sessions`). Workers are forked by a zygote
 (:mod:`dtok.pool.zygote_client`); a worker that dies, is killed on a timeout, or does not come up
 in time is replaced.
 
@@ -44,7 +44,7 @@ from dtok.pool.channel import Channel, payload_bytes
 from dtok.pool.failover import InProcessRoute
 from dtok.pool.records import PoolError, Request, Task, key_bytes
 from dtok.pool.scheduler import Estimator, Queues
-from dtok.pool.session_table import PoolSession, SessionTable
+from dtok.pool.shared_sessions import PoolSession, SessionTable
 from dtok.pool.supervision import Supervision, pss_mb
 from dtok.pool.zygote_client import Resources, ZygoteClient
 from dtok.repair import Anchors

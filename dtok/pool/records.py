@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Hashable
 
 if TYPE_CHECKING:
     from dtok.pool.channel import Channel
-    from dtok.pool.session_table import PoolSession
+    from dtok.pool.shared_sessions import PoolSession
 
 __all__ = ["PoolError", "Request", "Task", "key_bytes"]
 
