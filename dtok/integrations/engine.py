@@ -313,7 +313,8 @@ class EngineHook:
         for wrapper in list(self._by_tok.values()):
             tok = wrapper.dtok
             tokenizers.append({"path": str(tok.files.path), "encoder": tok.stats()["encoder"],
-                               "sessions": tok.sessions.stats()})
+                               "sessions": tok.sessions.stats(),
+                               "bounds": tok.sessions.describe()})
         ms = sorted(t[0] for t in self.timings)
         took = {"calls": len(ms), "median_ms": ms[len(ms) // 2] if ms else None,
                 "max_ms": ms[-1] if ms else None}
