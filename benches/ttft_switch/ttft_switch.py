@@ -161,7 +161,7 @@ def _add_route() -> None:
         @app.get("/ttft_switch")
         async def counters():
             return {"pid": os.getpid(), "switch": dict(COUNTS), "dtok": dict(plugin.stats),
-                    "report": plugin.HOOK.report(), "timings": list(plugin.HOOK.timings)}
+                    "report": plugin.HOOK.report(), "timings": plugin.HOOK.recent_timings()}
 
         return app
 
