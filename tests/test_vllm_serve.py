@@ -126,15 +126,15 @@ def test_tenants_share_no_session_state(server):
 
 
 def test_bad_input_answers_as_vllm_does(server):
-    """Lone surrogates, NUL, invalid UTF-8 in the body, a 1M-character prompt (10M in the tool),
-    a 1 MB session id, non-string prompts: with dtok the same status and error, or the same
+    """Lone surrogates, NUL, invalid UTF-8 in the body, 10M-character, over-the-context and
+    long served prompts, a 1 MB session id, non-string prompts: with dtok the same status and error, or the same
     IDs (the reference's for text prompts), as vLLM's own tokenizer in the same server."""
     from tokenizers import Tokenizer
 
     srv, model, _ = server
     reference = Tokenizer.from_file(str(model / "tokenizer.json"))
     text = serve_check.PROSE.read_text(encoding="utf-8")
-    cases = serve_check.bad_inputs(text, long_chars=1_000_000, id_bytes=1 << 20)
+    cases = serve_check.bad_inputs(text, long_chars=10_000_000, id_bytes=1 << 20)
     rows = serve_check.check_bad_inputs(srv.url, reference, cases)
     serve_check.print_bad_inputs(rows)
     assert [r["input"] for r in rows if not (r["same"] and r["exact"])] == []

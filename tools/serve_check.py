@@ -130,7 +130,7 @@ def outcome(status: Any, answer: Any) -> tuple:
     return status, None, _IDS.sub("<id>", str(answer))
 
 
-def show(value: Any, width: int = 60) -> str:
+def show(value: Any, width: int = 150) -> str:
     text = repr(value)
     return text if len(text) <= width else text[:width - 3] + "..."
 
@@ -197,11 +197,21 @@ def _completion(prompt_json: str, extra: str = "") -> bytes:
             '"return_token_ids": true' + extra + '}').encode()
 
 
-def bad_inputs(text: str, *, long_chars: int, id_bytes: int) -> list[tuple]:
-    """(name, path, raw body, headers, the prompt texts when the reference can encode them)."""
-    long_text = (text * (long_chars // len(text) + 1))[:long_chars]
+def repeated(text: str, chars: int) -> str:
+    return (text * (chars // len(text) + 1))[:chars]
+
+
+def bad_inputs(text: str, *, long_chars: int, id_bytes: int,
+               near_bound_chars: int | None = None) -> list[tuple]:
+    """(name, path, raw body, headers) of each bad input. vLLM rejects a text longer than
+    ``max_input_tokens * max_chars_per_token`` characters (128 for Qwen3) before any tokenizer
+    runs, so ``long_chars`` past that bound never reaches dtok; ``near_bound_chars`` (just
+    under it) and the 200,000-character case are tokenized, then rejected as over the context;
+    the 100,000-character case is served."""
+    long_text = repeated(text, long_chars)
     big = "s" * id_bytes
     p = text[:3000]
+    served, over = repeated(text[5000:], 100_000), repeated(text[7000:], 200_000)
     cases = [
         ("lone high surrogate", "/v1/completions", _completion('"abc \\ud800 def"'), None),
         ("lone low surrogate, long text", "/v1/completions",
@@ -224,6 +234,12 @@ def bad_inputs(text: str, *, long_chars: int, id_bytes: int) -> list[tuple]:
          None),
         (f"{long_chars:,} characters, keyed", "/v1/completions",
          _completion(json.dumps(long_text)), {"X-Session-ID": "long"}),
+        ("100,000 characters (served)", "/v1/completions", _completion(json.dumps(served)),
+         None),
+        ("100,000 characters (served), keyed", "/v1/completions",
+         _completion(json.dumps(served)), {"X-Session-ID": "served"}),
+        ("200,000 characters (over the context)", "/v1/completions",
+         _completion(json.dumps(over)), {"X-Session-ID": "over"}),
         (f"{id_bytes:,}-byte X-Session-ID", "/v1/completions", _completion(json.dumps(p)),
          {"X-Session-ID": big}),
         (f"{id_bytes:,}-byte session_id (body)", "/v1/completions",
@@ -255,6 +271,10 @@ def bad_inputs(text: str, *, long_chars: int, id_bytes: int) -> list[tuple]:
         ("non-ASCII X-Session-ID (latin-1)", "/v1/completions", _completion(json.dumps(p)),
          {"X-Session-ID": "s\xe9ssion"}),
     ]
+    if near_bound_chars:
+        near = repeated(text[9000:], near_bound_chars)
+        cases.append((f"{near_bound_chars:,} characters (under vLLM's character bound)",
+                      "/v1/completions", _completion(json.dumps(near)), None))
     return cases
 
 
@@ -300,13 +320,13 @@ def describe(o: tuple) -> str:
     if o[0] == 200:
         ids = o[1] or []
         return "200, " + " + ".join(f"{len(x)} IDs" if x is not None else "no IDs" for x in ids)
-    return f"{o[0]} {o[1] or ''}: {show(o[2], 70)}".replace("|", "/")
+    return f"{o[0]} {o[1] or ''}: {show(o[2])}".replace("|", "/").replace("\\n", " ")
 
 
 def print_bad_inputs(rows: list[dict]) -> None:
     plain = any("plain" in r for r in rows)
     print("| input | with dtok | vLLM's own tokenizer" + (" | no dtok (plain server)" if plain
-                                                          else "") + " | same | exact | s |")
+                                                          else "") + " | same | exact | s (in column order; the first pays the prefill) |")
     print("|---|---|---" + ("|---" if plain else "") + "|---|---|---|")
     for r in rows:
         cols = [describe(r["dtok"]), "same" if r["vllm"] == r["dtok"] else describe(r["vllm"])]
@@ -322,12 +342,14 @@ def print_bad_inputs(rows: list[dict]) -> None:
 # --- a burst of distinct session ids ------------------------------------------------------
 
 
-def rss_kib(pid: int) -> int:
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    """A process's resident (or, ``field="VmSwap"``, swapped-out) memory: under memory
+    pressure the kernel swaps pages out, and RSS falls without anything being freed."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for {pid}")
+    raise RuntimeError(f"no {field} for {pid}")
 
 
 def burst(url: str, text: str, n: int, *, mode: str, tag: str, threads: int = 8,
@@ -337,7 +359,7 @@ def burst(url: str, text: str, n: int, *, mode: str, tag: str, threads: int = 8,
     counters' change, non-200 answers."""
     info = counters(url)
     pid, before = info["pid"], sessions_stats(info)
-    rss0 = rss_kib(pid)
+    rss0, swap0 = rss_kib(pid), rss_kib(pid, "VmSwap")
     span = len(text) - chars
 
     def one(i: int) -> Any:
@@ -355,6 +377,7 @@ def burst(url: str, text: str, n: int, *, mode: str, tag: str, threads: int = 8,
     after = sessions_stats(after_info)
     return {"mode": mode, "n": n, "failed": len(failures), "s": round(took, 1),
             "rss_before_mib": round(rss0 / 1024, 1), "rss_after_mib": round(rss_kib(pid) / 1024, 1),
+            "swap_mib": (round(swap0 / 1024, 1), round(rss_kib(pid, "VmSwap") / 1024, 1)),
             "sessions": after,
             "full_encodes": after.get("full_encodes", 0) - before.get("full_encodes", 0),
             "evictions": after.get("evictions", 0) - before.get("evictions", 0)}
@@ -379,14 +402,15 @@ def held_mib(s: dict) -> float:
 
 def print_bursts(results: list[dict]) -> None:
     print("| burst | mode | requests | failed | s | RSS before MiB | after | growth | "
-          "dtok sessions kept | dtok bytes held | evictions |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "swapped out before / after MiB | dtok sessions kept | dtok bytes held | evictions |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(results):
         s = r["sessions"]
         held = s.get("text_bytes", 0) + s.get("id_bytes", 0) + s.get("anchor_bytes", 0)
         print(f"| {i + 1} | {r['mode']} | {r['n']:,} | {r['failed']} | {r['s']} | "
               f"{r['rss_before_mib']} | {r['rss_after_mib']} | "
-              f"{r['rss_after_mib'] - r['rss_before_mib']:+.1f} | {s.get('keyed', 0):,} | "
+              f"{r['rss_after_mib'] - r['rss_before_mib']:+.1f} | "
+              f"{r['swap_mib'][0]} / {r['swap_mib'][1]} | {s.get('keyed', 0):,} | "
               f"{held / 2**20:.1f} MiB | {r['evictions']:,} |")
 
 
@@ -464,7 +488,8 @@ def main() -> int:
         differences += sum(not r["ok"] for r in rows)
         print("\n## tenancy\n")
         print_tenancy(rows)
-        cases = bad_inputs(text, long_chars=args.long_chars, id_bytes=args.id_bytes)
+        cases = bad_inputs(text, long_chars=args.long_chars, id_bytes=args.id_bytes,
+                           near_bound_chars=(32768 - 1) * 128 - 1000)
         pid = counters(srv.url)["pid"]
         rss0 = rss_kib(pid)
         rows = check_bad_inputs(srv.url, reference, cases,
