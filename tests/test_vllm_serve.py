@@ -127,8 +127,9 @@ def test_tenants_share_no_session_state(server):
 
 def test_bad_input_answers_as_vllm_does(server):
     """Lone surrogates, NUL, invalid UTF-8 in the body, 10M-character, over-the-context and
-    long served prompts, a 1 MB session id, non-string prompts: with dtok the same status and error, or the same
-    IDs (the reference's for text prompts), as vLLM's own tokenizer in the same server."""
+    long served prompts, a 1 MB session id, non-string prompts: with dtok the same status and
+    error, or the same IDs (the reference's for text prompts), as vLLM's own tokenizer in the
+    same server."""
     from tokenizers import Tokenizer
 
     srv, model, _ = server

@@ -325,8 +325,10 @@ def describe(o: tuple) -> str:
 
 def print_bad_inputs(rows: list[dict]) -> None:
     plain = any("plain" in r for r in rows)
+    # s: each answer's seconds in column order, the engine's work included (the first to
+    # send a served prompt pays its prefill, the others hit the prefix cache)
     print("| input | with dtok | vLLM's own tokenizer" + (" | no dtok (plain server)" if plain
-                                                          else "") + " | same | exact | s (in column order; the first pays the prefill) |")
+                                                          else "") + " | same | exact | s |")
     print("|---|---|---" + ("|---" if plain else "") + "|---|---|---|")
     for r in rows:
         cols = [describe(r["dtok"]), "same" if r["vllm"] == r["dtok"] else describe(r["vllm"])]
