@@ -97,9 +97,36 @@ def counters(url: str) -> dict:
     return out
 
 
+# the pool's names of the session counters (dtok.Pool.stats)
+_POOL_COUNTERS = {"hits": "session_hits", "repairs": "session_repairs", "edits": "session_edits",
+                  "full_encodes": "session_inits", "lookup_hits": "lookup_hits"}
+
+
 def sessions_stats(report: dict) -> dict:
+    """dtok's session counters in one API process: the in-process tokenizer's, plus its pool's
+    (``DTOK_POOL_WORKERS``) under the same names; ``pool_sessions`` / ``pool_bytes``: what the
+    pool holds."""
     toks = report["report"]["tokenizers"]
-    return toks[0]["sessions"] if toks else {}
+    out = dict(toks[0]["sessions"]) if toks else {}
+    for pool in report["report"]["pools"]:
+        stats = pool.get("stats") or {}
+        for mine, theirs in _POOL_COUNTERS.items():
+            out[mine] = out.get(mine, 0) + stats.get(theirs, 0)
+        out["pool_sessions"] = out.get("pool_sessions", 0) + stats.get("sessions", 0)
+        out["pool_bytes"] = out.get("pool_bytes", 0) + stats.get("session_bytes", 0)
+    return out
+
+
+def wait_for_pools(url: str, timeout: float = 120) -> None:
+    """Until every pool of dtok's hooks started (a keyed request starts it; requests meanwhile
+    are encoded in process)."""
+    send(url, "/v1/completions", {"model": "tiny", "prompt": "warm-up", "max_tokens": 1},
+         {"X-Session-ID": "warm-up"})
+    t0 = time.monotonic()
+    while any(not p["ready"] for p in counters(url)["report"]["pools"]):
+        if time.monotonic() - t0 > timeout:
+            raise RuntimeError("dtok's pool did not start")
+        time.sleep(0.5)
 
 
 def prompt_ids(answer: Any) -> list | None:
@@ -155,6 +182,7 @@ def tenancy(url: str, reference, text: str) -> list[dict]:
         return delta, exact
 
     send(url, "/v1/completions", {"model": "tiny", "prompt": "warm-up", "max_tokens": 1})
+    wait_for_pools(url)
     a0, a1, a2 = text[:12_000], text[:12_700], text[:13_400]
     c0, c1 = text[30_000:42_000], text[30_000:42_600]
     steps = [  # (what, prompt, sid, salt, counter that must move, must it)
@@ -388,9 +416,12 @@ def burst(url: str, text: str, n: int, *, mode: str, tag: str, threads: int = 8,
 def burst_bounds(result: dict, max_sessions: int, session_bytes: int) -> list[str]:
     """What broke dtok's bounds after a burst (empty: within them)."""
     s, broken = result["sessions"], []
-    if s.get("keyed", 0) > max_sessions:
-        broken.append(f"{s['keyed']} keyed sessions > max_sessions {max_sessions}")
+    for name in ("keyed", "pool_sessions"):
+        if s.get(name, 0) > max_sessions:
+            broken.append(f"{s[name]} {name} > max_sessions {max_sessions}")
     held = s.get("text_bytes", 0) + s.get("id_bytes", 0) + s.get("anchor_bytes", 0)
+    if s.get("pool_bytes", 0) > session_bytes:
+        broken.append(f"the pool holds {s['pool_bytes']} bytes > session_bytes {session_bytes}")
     if held > session_bytes:
         broken.append(f"{held} bytes held > session_bytes {session_bytes}")
     if result["failed"]:
@@ -399,7 +430,8 @@ def burst_bounds(result: dict, max_sessions: int, session_bytes: int) -> list[st
 
 
 def held_mib(s: dict) -> float:
-    return (s.get("text_bytes", 0) + s.get("id_bytes", 0) + s.get("anchor_bytes", 0)) / 2**20
+    return (s.get("text_bytes", 0) + s.get("id_bytes", 0) + s.get("anchor_bytes", 0)
+            + s.get("pool_bytes", 0)) / 2**20
 
 
 def print_bursts(results: list[dict]) -> None:
@@ -408,12 +440,12 @@ def print_bursts(results: list[dict]) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(results):
         s = r["sessions"]
-        held = s.get("text_bytes", 0) + s.get("id_bytes", 0) + s.get("anchor_bytes", 0)
         print(f"| {i + 1} | {r['mode']} | {r['n']:,} | {r['failed']} | {r['s']} | "
               f"{r['rss_before_mib']} | {r['rss_after_mib']} | "
               f"{r['rss_after_mib'] - r['rss_before_mib']:+.1f} | "
-              f"{r['swap_mib'][0]} / {r['swap_mib'][1]} | {s.get('keyed', 0):,} | "
-              f"{held / 2**20:.1f} MiB | {r['evictions']:,} |")
+              f"{r['swap_mib'][0]} / {r['swap_mib'][1]} | "
+              f"{s.get('keyed', 0) + s.get('pool_sessions', 0):,} | "
+              f"{held_mib(s):.1f} MiB | {r['evictions']:,} |")
 
 
 # --- several API processes ---------------------------------------------------------------
@@ -467,6 +499,8 @@ def main() -> int:
     ap.add_argument("--id-bytes", type=int, default=1 << 20)
     ap.add_argument("--no-plain", action="store_true",
                     help="no second server without dtok (compare with the switch only)")
+    ap.add_argument("--pool", type=int, default=0,
+                    help="DTOK_POOL_WORKERS in the dtok servers (0: in process)")
     ap.add_argument("--api-servers", type=int, default=2,
                     help="then a server with --api-server-count N and keyed sessions (1: none)")
     args = ap.parse_args()
@@ -478,7 +512,8 @@ def main() -> int:
     reference = Tokenizer.from_file(str(model / "tokenizer.json"))
     text = PROSE.read_text(encoding="utf-8")
     print(f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()}; logs in {tmp}", flush=True)
-    srv = start(model, tmp, "dtok", server_env())
+    pool = {"DTOK_POOL_WORKERS": str(args.pool)} if args.pool else {}
+    srv = start(model, tmp, "dtok", {**server_env(), **pool})
     plain = None if args.no_plain else start(model, tmp, "plain", server_env(dtok=False))
     requests, differences = 0, 0
     try:
@@ -493,17 +528,19 @@ def main() -> int:
         cases = bad_inputs(text, long_chars=args.long_chars, id_bytes=args.id_bytes,
                            near_bound_chars=(32768 - 1) * 128 - 1000)
         pid = counters(srv.url)["pid"]
-        rss0 = rss_kib(pid)
+        rss0, plain0 = rss_kib(pid), plain and rss_kib(plain.proc.pid)  # the API processes
         rows = check_bad_inputs(srv.url, reference, cases,
                                 plain_url=None if plain is None else plain.url)
-        rss1 = rss_kib(pid)
+        rss1, plain1 = rss_kib(pid), plain and rss_kib(plain.proc.pid)
         requests += len(rows) * (3 if plain else 2)
         differences += sum(not (r["same"] and r["exact"]) for r in rows)
         print(f"\n## bad input (load {os.getloadavg()})\n")
         print_bad_inputs(rows)
         print(f"\nAPI process RSS {rss0 / 1024:.0f} MiB before the bad inputs, "
               f"{rss1 / 1024:.0f} MiB after; dtok holds "
-              f"{held_mib(sessions_stats(counters(srv.url))):.1f} MiB of sessions")
+              f"{held_mib(sessions_stats(counters(srv.url))):.1f} MiB of sessions"
+              + (f"; the server without dtok: {plain0 / 1024:.0f} MiB before, "
+                 f"{plain1 / 1024:.0f} MiB after" if plain else ""))
         limits = counters(srv.url)["report"]["tokenizers"][0]["bounds"]
         results = [burst(srv.url, text, args.burst, mode="vllm", tag="v"),
                    burst(srv.url, text, args.burst, mode="dtok", tag="d")]
@@ -521,7 +558,7 @@ def main() -> int:
         if plain is not None:
             plain.stop()
     if args.api_servers > 1:
-        multi = start(model, tmp, "multi", server_env(),
+        multi = start(model, tmp, "multi", {**server_env(), **pool},
                       args=["--api-server-count", str(args.api_servers)])
         try:
             print(f"\n--api-server-count {args.api_servers}: ready in "
