@@ -346,15 +346,19 @@ class EngineHook:
 
     # --- encoding ---------------------------------------------------------------------------
 
+    def _bump(self, **counts: int) -> None:
+        """Add to the counters (executor threads and the event loop answer calls at once)."""
+        with self._lock:
+            for name, n in counts.items():
+                self.stats[name] += n
+
     def _count(self, key, pooled: bool) -> None:
-        self.stats["dtok_calls"] += 1
-        self.stats["keyed_calls"] += _parts(key)[0] is not None
-        self.stats["pool_calls"] += pooled
+        self._bump(dtok_calls=1, keyed_calls=_parts(key)[0] is not None, pool_calls=pooled)
 
     def _finish(self, tok, ids: list[int], options: EncodeOptions) -> list[int] | None:
         out = _truncated(ids, tok, options)
         if out is not ids and out is not None:
-            self.stats["truncated"] += 1
+            self._bump(truncated=1)
         return out
 
     def encode(self, wrapper, text: str, options: EncodeOptions = EncodeOptions(),
@@ -423,7 +427,7 @@ class EngineHook:
             self.error(exc)
             ids = None
         if ids is None:
-            self.stats["passed_through"] += 1
+            self._bump(passed_through=1)
             return original()
         return ids if answer is None else answer(ids)
 
@@ -450,11 +454,11 @@ class EngineHook:
             self.error(exc)
             ids = None
         if ids is None:
-            self.stats["passed_through"] += not pooled_only
+            self._bump(passed_through=not pooled_only)
             return await original()
         return ids if answer is None else answer(ids)
 
     def error(self, exc: BaseException) -> None:
         """Count and log a hook error (the engine's own code then tokenizes)."""
-        self.stats["errors"] += 1
+        self._bump(errors=1)
         log.warning("dtok hook failed, %s tokenizes: %s: %s", self.engine, type(exc).__name__, exc)
