@@ -4,7 +4,15 @@
     pip install matplotlib && python benches/figures.py [--results bench-results] [--out docs/figures]
 
 Each figure is drawn only when its JSON exists; the figure says what ran where (the JSON's
-machine line). Nothing is measured here.
+machine line, with the load average at the start of each run). Nothing is measured here.
+
+    append-patterns.png, edit-patterns.png  bench_append.py / bench_edits.py --patterns
+    pool-patterns.png                       bench_pool.py --patterns
+    pool-spacing.png                        bench_pool.py (pool.json)
+    sessions-context.png                    bench_append.py [--encoder reference] (append-auto.json,
+                                            append-reference.json), bench_edits.py (edits.json)
+    stateless-peers.png                     bench_fast.py --speed-only (fast.json)
+    ttft.png                                bench_ttft.py (every ttft-*.json)
 """
 from __future__ import annotations
 
@@ -66,7 +74,7 @@ def patterns_figure(plt, data: dict, out: Path, name: str) -> Path:
 def _save(plt, fig, data: dict, path: Path) -> Path:
     fig.suptitle(_machine(data), fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
@@ -88,6 +96,148 @@ def spacing_figure(plt, data: dict, out: Path) -> Path:
     return _save(plt, fig, data, out / "pool-spacing.png")
 
 
+def _loads(*datas: dict) -> str:
+    """The load averages at the start of each run a figure draws from."""
+    loads = [d["machine"]["loadavg_at_start"][0] for d in datas if d.get("machine")]
+    return ", ".join(f"{x:.1f}" for x in loads)
+
+
+def context_figure(plt, appends: list[dict], edits: dict | None, out: Path) -> Path:
+    """A turn's latency against the context: appends (bench_append.py, one run per encoder)
+    and, when edits.json exists, the edited and extending turns of a reasoning chat
+    (bench_edits.py), each next to the reference's full encode of the same text."""
+    panels = 1 + (edits is not None)
+    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.4), squeeze=False)
+    ax = axes[0][0]
+    runs = []
+    for i, run in enumerate(appends):
+        rows = [r for r in run["rows"] if "session_chars" in r]
+        enc = rows[0]["encoder"]
+        runs.append(f"appends on {enc} {run['machine']['loadavg_at_start'][0]:.1f}")
+        xs = [r["session_chars"] for r in rows]
+        for j, (who, label, style) in enumerate((
+                ("dtok", f"dtok session ({enc})", "o-"),
+                ("reference_full_encode", f"reference full encode ({enc} run)", "s--"))):
+            color = f"C{2 * i + j}"
+            ax.plot(xs, [r[who]["median_ms"] for r in rows], style, color=color,
+                    label=f"{label}: median, pale P99")
+            ax.plot(xs, [r[who]["p99_ms"] for r in rows], style, color=color, alpha=0.3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("session length, characters")
+    ax.set_ylabel("ms per turn (log)")
+    ax.set_title("400-character appends to a keyed session (Qwen3)")
+    ax.legend(fontsize=7)
+    if edits is not None:
+        ax = axes[0][1]
+        rows = [r for r in edits["replay"] if "edited_session" in r]
+        xs = [r["context"] for r in rows]
+        for key, label, style in (("edited_session", "dtok session, edited turns", "o-"),
+                                  ("extending_session", "dtok session, extending turns", "^-"),
+                                  ("edited_stateless", "dtok stateless (whole prompt, no reuse)",
+                                   "d:")):
+            med = [r[key]["median_ms"] for r in rows]
+            lo = [m - r[key]["median_spread"][0] for m, r in zip(med, rows)]
+            hi = [r[key]["median_spread"][1] - m for m, r in zip(med, rows)]
+            ax.errorbar(xs, med, yerr=[lo, hi], fmt=style, capsize=3,
+                        label=f"{label} ({rows[0]['encoder']})")
+        ax.plot(xs, [r["reference_median_ms"] for r in rows], "s--", label="reference full encode")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("context, characters")
+        ax.set_ylabel("median ms per turn (log; bars: min-max over repeats)")
+        ax.set_title("reasoning chat, Qwen3's template drops earlier think blocks")
+        ax.legend(fontsize=7)
+    if edits:
+        runs.append(f"edits {edits['machine']['loadavg_at_start'][0]:.1f}")
+    m = appends[0]["machine"]
+    fig.suptitle(f"{m['cpu']}, {m['cpus_usable']} CPUs, {m['date']}; load average at the start "
+                 f"of each run: {', '.join(runs)}", fontsize=8)
+    fig.tight_layout()
+    path = out / "sessions-context.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+PEER_NAMES = {"hf batch_fast": "reference (encode_batch_fast)"}
+MODE_NAMES = {"single": "dtok on 1 thread",
+              "single+others": "dtok on 1 thread, every encoder in one process",
+              "2 threads": "dtok on 2 threads",
+              "2 threads+others": "dtok on 2 threads, every encoder in one process"}
+
+
+def stateless_figure(plt, data: dict, out: Path) -> Path:
+    """Stateless encodes per kind of text: dtok and its peers, each its own instance in one
+    process (bench_fast.py), median wall ms over the documents, the slowest as a whisker; a peer
+    that returned wrong IDs for any document says so in the legend."""
+    rows = [r for r in data["rows"] if r.get("kind") and r.get("wall")]
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    fig, axes = plt.subplots(1, len(modes), figsize=(9 * len(modes), 4.6), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        cells = [r for r in rows if r["mode"] == mode]
+        kinds = list(dict.fromkeys(r["kind"] for r in cells))
+        whos = list(dict.fromkeys(w for r in cells for w in r["wall"]))
+        width = 0.8 / len(whos)
+        for j, who in enumerate(whos):
+            xs, ys, err = [], [], []
+            for k, kind in enumerate(kinds):
+                s = next(r for r in cells if r["kind"] == kind)["wall"].get(who)
+                if s:
+                    xs.append(k + j * width)
+                    ys.append(s["median_ms"])
+                    err.append(max(0.0, s["p99_ms"] - s["median_ms"]))
+            wrong = sorted(r["kind"] for r in cells if r.get("wrong", {}).get(who))
+            label = PEER_NAMES.get(who, who) + (f" (wrong IDs: {', '.join(wrong)})" if wrong else "")
+            ax.bar(xs, ys, width, yerr=[[0] * len(err), err], capsize=2, label=label)
+        ax.set_xticks([k + 0.4 - width / 2 for k in range(len(kinds))], kinds)
+        ax.set_yscale("log")
+        ax.set_ylabel("median ms per document (log; whisker: slowest)")
+        c = cells[0]
+        ax.set_title(f"{c['tokenizer']}, {c['chars']:,}-character documents ({c['docs']} per "
+                     f"kind), {MODE_NAMES.get(mode, mode)}", fontsize=10)
+        ax.legend(fontsize=7)
+    return _save(plt, fig, data, out / "stateless-peers.png")
+
+
+def ttft_figure(plt, runs: list[tuple[str, dict]], out: Path) -> Path:
+    """Warm-turn time to first token in a real vllm serve (bench_ttft.py), per configuration
+    and phase: vLLM's own tokenizer, dtok and the zero-cost oracle, median and P99."""
+    modes = ("vllm", "dtok", "oracle")
+    labels = {"vllm": "vLLM's own", "dtok": "dtok", "oracle": "oracle"}
+    groups = [(name, phase, res) for name, d in runs for phase, res in d["phases"].items()]
+    fig, ax = plt.subplots(figsize=(max(7.5, 2.4 * len(groups)), 4.8))
+    width = 0.26
+    for j, mode in enumerate(modes):
+        xs = [g + (j - 1) * width for g in range(len(groups))]
+        p99 = [res["ttft"][mode]["p99_ms"] for _, _, res in groups]
+        med = [res["ttft"][mode]["median_ms"] for _, _, res in groups]
+        ax.bar(xs, p99, width, alpha=0.3, color=f"C{j}")
+        ax.bar(xs, med, width, color=f"C{j}", label=f"{labels[mode]} (solid: median, pale: P99)")
+        for x, m in zip(xs, med):
+            ax.text(x, m, f"{m:.0f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(groups)), [f"{name}\n{phase}" for name, phase, _ in groups],
+                  fontsize=8)
+    ax.set_ylabel("warm-turn TTFT, ms")
+    n = groups[0][2]["ttft"]["dtok"]["n"] if groups else 0
+    ax.set_title(f"warm turns of agent sessions in a real vllm serve ({n} per mode and phase)")
+    ax.legend(fontsize=7)
+    fig.suptitle(f"{_machine(runs[0][1])}; load at the start of each run: "
+                 f"{_loads(*(d for _, d in runs))}", fontsize=8)
+    fig.tight_layout()
+    path = out / "ttft.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _ttft_name(d: dict) -> str:
+    """A run's configuration, as bench_ttft.py --table names it (one line per server flag)."""
+    a = d["args"]
+    return "\n".join([" ".join([a["model"], a["api"], "unkeyed" if a["unkeyed"] else "keyed",
+                                f"{a['tokens'] // 1000}K"]), *a["server_env"], *a["server_arg"]])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=ROOT / "bench-results")
@@ -107,6 +257,19 @@ def main() -> None:
     data = _load(args.results, "pool.json")
     if data and data.get("sweep"):
         made.append(spacing_figure(plt, data, args.out))
+    appends = [d for d in (_load(args.results, f"append-{e}.json") for e in ("auto", "reference"))
+               if d and d.get("rows")]
+    edits = _load(args.results, "edits.json")
+    if appends:
+        made.append(context_figure(plt, appends, edits if edits and edits.get("replay") else None,
+                                   args.out))
+    data = _load(args.results, "fast.json")
+    if data and data.get("rows"):
+        made.append(stateless_figure(plt, data, args.out))
+    runs = [(_ttft_name(d), d) for d in (json.loads(p.read_text())
+                                         for p in sorted(args.results.glob("ttft-*.json")))]
+    if runs:
+        made.append(ttft_figure(plt, runs, args.out))
     for path in made:
         print("wrote", path)
     if not made:

@@ -18,6 +18,7 @@ from dtok.chunking import Chunker, split_at
 from dtok.encoders import ReferenceEncoder
 from dtok.loading import Lane, Loaded
 from dtok_ext.buffers import IdBuffer, ids_from_list
+from dtok_ext.cuts import ROUTE_FAST
 
 __all__ = ["PieceEncoder", "text_class", "available_cpus"]
 
@@ -102,7 +103,7 @@ class PieceEncoder:
             for a, b, why in self.segments(piece, lanes[k]):
                 if why is not None and len(lanes) > 1:  # the other fast encoder may take it
                     other = lanes[1 - k]
-                    if other.rules.route(piece, a, b, nfc=not other.nfc_by_fast)[0] == 0 \
+                    if other.rules.route(piece, a, b, nfc=not other.nfc_by_fast)[0] == ROUTE_FAST \
                             and not self.literal_spans(piece[a:b]):
                         by_lane[1 - k].append((len(owner), piece[a:b]))
                         owner.append(i)
@@ -172,16 +173,16 @@ class PieceEncoder:
         closer than COALESCE_GAP characters are merged (one piece instead of three)."""
         _, rules, nfc_by_fast = self.main if lane is None else lane
         check_nfc = rules.nfc and not nfc_by_fast
-        kind, _ = rules.route(piece, nfc=check_nfc)
+        route, _ = rules.route(piece, nfc=check_nfc)
         literal = self.literal_spans(piece)
-        if kind == 0 and not literal:
+        if route == ROUTE_FAST and not literal:
             return [(0, len(piece), None)]
         spans = [(a, b, f"special-token text {piece[a:b]!r} at {a} (encode_special_tokens)")
                  for a, b in literal]
-        if kind != 0:
+        if route != ROUTE_FAST:
             spans += [(a, b, f"guard character U+{ord(piece[a]):04X} at {a}")
                       for a, b in rules.guard_spans(piece)]
-        if check_nfc and kind != 0:
+        if check_nfc and route != ROUTE_FAST:
             spans += [(a, c, f"not NFC at {a}") for a, c in self.unstable(piece)]
         if not spans:
             return [(0, len(piece), None)]

@@ -51,17 +51,17 @@ LOOKUP_MIN_CHARS = 4096  # shorter texts cost less to encode than to look up
 LOOKUP_DENSE_UNTIL = 1 << 16  # checkpoints double up to here, then repeat at this spacing
 
 
-def replaces(reused: int, stored: int) -> bool:
+def is_continuation(reused: int, stored: int) -> bool:
     """Content lookup's rule: a text that reuses at least half of a stored text's characters
     continues it (and replaces it); one that shares less is a fork (another conversation with
     the same start) and is kept beside it."""
     return 2 * reused >= stored
 
 
-def affixed_view(ids, special: bool, n_prefix: int, n_suffix: int) -> memoryview:
+def affixed_view(ids, add_special: bool, n_prefix: int, n_suffix: int) -> memoryview:
     """A read-only view of an ID buffer (prefix + body + suffix) with the post-processor's
     affixes (``add_special_tokens``) or without them: the two results one buffer serves."""
-    return ids.view() if special else ids.view(n_prefix, len(ids) - n_suffix)
+    return ids.view() if add_special else ids.view(n_prefix, len(ids) - n_suffix)
 
 
 class KeptLists:
@@ -81,18 +81,18 @@ class KeptLists:
 
     def note(self, keep: int) -> None:
         """A request left ``keep`` leading IDs of the session as they were."""
-        for special in self._lists:
-            self._keep[special] = min(self._keep.get(special, keep), keep)
+        for add_special in self._lists:
+            self._keep[add_special] = min(self._keep.get(add_special, keep), keep)
 
-    def get(self, special: bool, view: memoryview, n_prefix: int) -> list:
-        """The list for ``special``, brought to ``view`` (after :meth:`note`). Releases the
+    def get(self, add_special: bool, view: memoryview, n_prefix: int) -> list:
+        """The list for ``add_special``, brought to ``view`` (after :meth:`note`). Releases the
         view."""
-        lst = self._lists.get(special)
+        lst = self._lists.get(add_special)
         if lst is None:
-            lst = self._lists[special] = IdList()
-        keep = self._keep.pop(special, 0)
+            lst = self._lists[add_special] = IdList()
+        keep = self._keep.pop(add_special, 0)
         try:
-            return lst.update(view, keep if special else max(0, keep - n_prefix))
+            return lst.update(view, keep if add_special else max(0, keep - n_prefix))
         finally:
             view.release()
 
@@ -351,7 +351,7 @@ class SessionStore:
                         return self._result(found, add_special_tokens, as_list)
                     entry.text, entry.buf, entry.anchors = found.text, found.buf, found.anchors
                     reused = self._serve(entry, text, borrowed=True)
-                    replace = replaces(reused, len(found.text))
+                    replace = is_continuation(reused, len(found.text))
                     if replace:
                         entry.lists = found.lists
                     result = self._result(entry, add_special_tokens, as_list)
@@ -405,7 +405,7 @@ class SessionStore:
         reused = len(text) if plan.kind == "hit" else plan.describe()["reused_chars"]
         entry.unchanged = len(entry.buf) if plan.kind == "hit" else 0
         if plan.kind != "hit":
-            in_place = not borrowed or replaces(reused, len(entry.text))
+            in_place = not borrowed or is_continuation(reused, len(entry.text))
             try:
                 self._apply(entry, plan, text, in_place)
             except Exception:  # noqa: BLE001 - the stateless route decides (and raises)
@@ -427,7 +427,8 @@ class SessionStore:
         p, s = len(b.prefix), len(b.suffix)
         old_body = entry.buf.view(p, len(entry.buf) - s) if entry.buf is not None else None
         outcome = execute(plan, b.encode_texts, old_body)
-        anchors = self.planner.anchors_after(plan, outcome.resolved, outcome.counts, entry.anchors)
+        anchors = self.planner.anchors_after(plan, outcome.resolved, outcome.counts,
+                                             entry.anchors)
         total = p + outcome.n_body + s
         if entry.buf is None or plan.kind == "encode":
             buf = IdBuffer.concat(outcome.tail, b.prefix, b.suffix, _headroom(total // 3))
@@ -465,14 +466,14 @@ class SessionStore:
         entry.spare, entry.spare_valid = buf, keep
         return out
 
-    def _result(self, entry: Entry, special: bool, as_list: bool) -> memoryview | list:
+    def _result(self, entry: Entry, add_special: bool, as_list: bool) -> memoryview | list:
         """The entry's IDs for the caller: a view, or its kept list (caller holds its lock)."""
         b = self._pieces
-        view = affixed_view(entry.buf, special, len(b.prefix), len(b.suffix))
+        view = affixed_view(entry.buf, add_special, len(b.prefix), len(b.suffix))
         entry.lists.note(entry.unchanged)
         if not as_list:
             return view
-        return entry.lists.get(special, view, len(b.prefix))
+        return entry.lists.get(add_special, view, len(b.prefix))
 
     def _count(self, name: str) -> None:
         with self._lock:

@@ -20,6 +20,7 @@ from dtok.pieces import PieceEncoder
 from dtok.repair import PlanKnobs, Planner
 from dtok.sessions import LOOKUP_MIN_CHARS, SessionStore, affixed_view, scoped_key
 from dtok_ext.buffers import IdBuffer, ids_from_list
+from dtok_ext.cuts import VERDICT_AT_SPECIAL
 
 __all__ = ["Tokenizer", "KNOBS"]
 
@@ -253,7 +254,8 @@ class Tokenizer:
         info.update(
             requested_chunks=k, cuts=cuts, plan_ms=round(plan_ms, 3),
             chunk_chars=[b - a for a, b in zip(bounds, bounds[1:])],
-            cut_kinds=[("special-token boundary" if self.rules.is_safe(text, c) == 1
+            cut_kinds=[("special-token boundary"
+                        if self.rules.is_safe(text, c) == VERDICT_AT_SPECIAL
                         else "class transition") for c in cuts],
         )
         info["chunk_routes"] = self.pieces.routes(split_at(text, cuts))

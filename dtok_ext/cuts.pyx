@@ -27,6 +27,15 @@ cdef extern from "Python.h":
 
 cdef Py_UCS4 SEPARATOR = 0xFDD0
 
+# What CutRules.route says of a stretch of text (its first value).
+ROUTE_FAST = 0  # the fast encoder may take it
+ROUTE_GUARD = 1  # it holds a guard character: the reference must take that stretch
+ROUTE_NFC = 2  # it holds a non-anchor of NFC: check what the reference normalizer does there
+# What CutRules.is_safe says of a position (the .pxd's verdicts, for Python callers).
+VERDICT_NOT_SAFE = NOT_SAFE
+VERDICT_AT_SPECIAL = SAFE_AT_SPECIAL
+VERDICT_TRANSITION = SAFE_TRANSITION
+
 cdef enum:
     NFC_WINDOW = 256  # code points searched on each side of a cut for an NFC anchor
 
@@ -287,7 +296,8 @@ cdef class CutRules:
     # Python surface (planner, repair, tests, explain)
 
     def is_safe(self, str text not None, Py_ssize_t b, limit=None):
-        """Verdict for position b: 0 not safe, 1 safe at an added token, 2 safe transition."""
+        """Verdict for position b: VERDICT_NOT_SAFE (0), VERDICT_AT_SPECIAL (1: safe at an
+        added token) or VERDICT_TRANSITION (2: safe at a class transition)."""
         cdef UText t = utext_of(text)
         cdef Py_ssize_t lim = len(text) if limit is None else limit
         return self.resolve(text, &t, b, lim)
@@ -330,8 +340,8 @@ cdef class CutRules:
     # Routing for the fast encoder: may a piece of text go to it, or must it go to the reference?
 
     def route(self, str text not None, Py_ssize_t start=0, end=None, nfc=None):
-        """(0, -1) when text[start:end] may go to the fast encoder; (1, i) when text[i] is a guard
-        character; (2, i) when text[i] is not an NFC anchor (NFC files: call nfc_windows and
+        """(ROUTE_FAST, -1) when text[start:end] may go to the fast encoder; (ROUTE_GUARD, i) when
+        text[i] is a guard character; (ROUTE_NFC, i) when text[i] is not an NFC anchor (NFC files: call nfc_windows and
         check that the reference normalizer leaves them unchanged). ``nfc=False`` skips the NFC
         part (the file's guard table proves the fast encoder normalizes as the reference does).
 
@@ -347,10 +357,10 @@ cdef class CutRules:
         if start < 0:
             start = 0
         if start >= stop:
-            return 0, -1
+            return ROUTE_FAST, -1
         cdef const _Clean* clean = &self.clean[1 if need else 0]
         if PyUnicode_IS_ASCII(text) and clean.below >= 128:
-            return 0, -1
+            return ROUTE_FAST, -1
         with nogil:
             i = _first_flagged(self.table, clean, &t, start, stop, need)
             if i >= 0 and not (self.table[uread(&t, i)] & FAST_GUARD):
@@ -358,10 +368,10 @@ cdef class CutRules:
                 first_non_anchor = i
                 i = _first_flagged(self.table, &self.clean[0], &t, i, stop, 0)
         if i >= 0:
-            return 1, i
+            return ROUTE_GUARD, i
         if first_non_anchor >= 0:
-            return 2, first_non_anchor
-        return 0, -1
+            return ROUTE_NFC, first_non_anchor
+        return ROUTE_FAST, -1
 
     def guard_spans(self, str text not None, Py_ssize_t start=0, end=None):
         """Runs [i, j) of guard characters in text[start:end]."""

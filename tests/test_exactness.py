@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from battery import (FRAGMENTS, battery_texts, check_cuts, check_repairs, checks_disabled,
                      token_fragments)
 from conftest import load_tokenizer, ref_ids
+from dtok_ext.cuts import VERDICT_AT_SPECIAL, VERDICT_TRANSITION
 
 
 def test_every_accepted_cut_is_exact(main_tok):
@@ -28,8 +29,8 @@ def test_battery_reaches_cuts(main_tok):
     """The battery is not vacuous: it checks many accepted cuts, of both kinds."""
     texts = battery_texts(main_tok)
     kinds = [main_tok.rules.is_safe(t, b) for t in texts for b in range(1, len(t))]
-    assert kinds.count(2) > 2000
-    assert kinds.count(1) > 100  # at added-token boundaries
+    assert kinds.count(VERDICT_TRANSITION) > 2000
+    assert kinds.count(VERDICT_AT_SPECIAL) > 100  # at added-token boundaries
 
 
 def test_chunked_encode_matches_reference(main_tok):

@@ -408,3 +408,41 @@ def test_pool_backed_tenants_never_share_state(pooled):
     assert delta("lookup_hits") == 0
     ask(other + " more", "C")
     assert delta("lookup_hits") == 1
+
+
+def test_report_while_calls_are_answered():
+    """A stats endpoint reads :meth:`EngineHook.report` (and the recent timings) while executor
+    threads answer calls: what it reads is copied, never iterated while a thread appends
+    (seen in ``vllm serve``: ``deque mutated during iteration`` from ``/ttft_switch`` during a
+    burst of requests)."""
+    import threading
+
+    tok = hf("qwen3")
+    hook = engine.EngineHook("test", frozen_env="DTOK_TEST_NO_SUCH_VAR")
+    assert hook.dtok_for(tok) is not None, hook.refusal(tok)
+    stop, failures = threading.Event(), []
+
+    def serve():
+        while not stop.is_set():
+            hook.serve(lambda: (tok, "a few words", engine.EncodeOptions()), lambda: None)
+
+    saved = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: the race shows at once
+    threads = [threading.Thread(target=serve) for _ in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        while len(hook.recent_timings()) < 4096:
+            pass
+        for _ in range(300):
+            try:
+                hook.report()
+                hook.recent_timings()
+            except RuntimeError as exc:
+                failures.append(str(exc))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        sys.setswitchinterval(saved)
+    assert failures == []

@@ -136,6 +136,12 @@ def install() -> None:
     OpenAIServingCompletion.create_completion = _bind_mode(
         OpenAIServingCompletion.create_completion)
     OpenAIServingChat.create_chat_completion = _bind_mode(OpenAIServingChat.create_chat_completion)
+    try:  # /tokenize too (tools/engines/serve_check.py compares bad input and bursts through it)
+        from vllm.entrypoints.serve.tokenize.serving import ServingTokenization
+    except ImportError:
+        pass
+    else:
+        ServingTokenization.create_tokenize = _bind_mode(ServingTokenization.create_tokenize)
     _add_route()
 
 
@@ -155,7 +161,7 @@ def _add_route() -> None:
         @app.get("/ttft_switch")
         async def counters():
             return {"pid": os.getpid(), "switch": dict(COUNTS), "dtok": dict(plugin.stats),
-                    "report": plugin.HOOK.report(), "timings": list(plugin.HOOK.timings)}
+                    "report": plugin.HOOK.report(), "timings": plugin.HOOK.recent_timings()}
 
         return app
 

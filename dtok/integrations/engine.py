@@ -313,13 +313,21 @@ class EngineHook:
         for wrapper in list(self._by_tok.values()):
             tok = wrapper.dtok
             tokenizers.append({"path": str(tok.files.path), "encoder": tok.stats()["encoder"],
-                               "sessions": tok.sessions.stats()})
-        ms = sorted(t[0] for t in self.timings)
+                               "sessions": tok.sessions.stats(),
+                               "bounds": tok.sessions.describe()})
+        ms = sorted(t[0] for t in self.recent_timings())
         took = {"calls": len(ms), "median_ms": ms[len(ms) // 2] if ms else None,
                 "max_ms": ms[-1] if ms else None}
         return {"engine": self.engine, "pid": os.getpid(), "stats": dict(self.stats),
                 "hook_time": took,
                 "tokenizers": tokenizers, "pools": self.pool_state()}
+
+    def recent_timings(self) -> list[tuple[float, int, bool]]:
+        """A copy of :attr:`timings`: threads append to it while a stats endpoint reads it, and
+        even a C-level copy can let another thread run (a collection it triggers calls back
+        into Python), so both hold the lock."""
+        with self._lock:
+            return list(self.timings)
 
     def close(self) -> None:
         """Close this engine's pools (requests after this are encoded in process)."""
@@ -338,15 +346,19 @@ class EngineHook:
 
     # --- encoding ---------------------------------------------------------------------------
 
+    def _bump(self, **counts: int) -> None:
+        """Add to the counters (executor threads and the event loop answer calls at once)."""
+        with self._lock:
+            for name, n in counts.items():
+                self.stats[name] += n
+
     def _count(self, key, pooled: bool) -> None:
-        self.stats["dtok_calls"] += 1
-        self.stats["keyed_calls"] += _parts(key)[0] is not None
-        self.stats["pool_calls"] += pooled
+        self._bump(dtok_calls=1, keyed_calls=_parts(key)[0] is not None, pool_calls=pooled)
 
     def _finish(self, tok, ids: list[int], options: EncodeOptions) -> list[int] | None:
         out = _truncated(ids, tok, options)
         if out is not ids and out is not None:
-            self.stats["truncated"] += 1
+            self._bump(truncated=1)
         return out
 
     def encode(self, wrapper, text: str, options: EncodeOptions = EncodeOptions(),
@@ -383,8 +395,10 @@ class EngineHook:
     def _took(self, t0: float, target) -> None:
         # (ms, characters, keyed) of an answered call: from the hook's entry to the IDs handed
         # on (awaited pool calls include the wait)
-        self.timings.append((round((time.perf_counter() - t0) * 1e3, 3), len(target[1]),
-                             _parts(target[3])[0] is not None))
+        took = (round((time.perf_counter() - t0) * 1e3, 3), len(target[1]),
+                _parts(target[3])[0] is not None)
+        with self._lock:
+            self.timings.append(took)
 
     def _target(self, call: Callable[[], Any], wait: bool):
         """(wrapper, text, options, key) when dtok answers: ``call()`` gave (the engine's
@@ -413,7 +427,7 @@ class EngineHook:
             self.error(exc)
             ids = None
         if ids is None:
-            self.stats["passed_through"] += 1
+            self._bump(passed_through=1)
             return original()
         return ids if answer is None else answer(ids)
 
@@ -440,11 +454,11 @@ class EngineHook:
             self.error(exc)
             ids = None
         if ids is None:
-            self.stats["passed_through"] += not pooled_only
+            self._bump(passed_through=not pooled_only)
             return await original()
         return ids if answer is None else answer(ids)
 
     def error(self, exc: BaseException) -> None:
         """Count and log a hook error (the engine's own code then tokenizes)."""
-        self.stats["errors"] += 1
+        self._bump(errors=1)
         log.warning("dtok hook failed, %s tokenizes: %s: %s", self.engine, type(exc).__name__, exc)

@@ -1,7 +1,7 @@
 """Shared-memory worker pool: see :class:`Pool`.
 
 Modules, in the order a request meets them: ``api`` (Pool: the public API, routing, failover),
-``scheduler`` (queues and their keys), ``session_table`` (sessions and their segments),
+``scheduler`` (queues and their keys), ``shared_sessions`` (sessions and their segments),
 ``channel`` (the wire to one worker), ``zygote_client`` (starting and replacing workers),
 ``protocol`` (operations and the wire form of a plan), ``shm`` (segments, budget, owner lock,
 sweep); in the workers' processes: ``zygote`` and ``worker``.

@@ -5,7 +5,7 @@ better of its own queue's head (its sessions' tasks) and the shared queue's head
 requests and the chunks of long ones), the local one on a tie, and keeps it until done (a running
 encode is never interrupted). Text and IDs move through shared memory
 (:mod:`dtok.pool.channel`); a session's IDs stay in its own segment, which callers see through
-read-only views without a copy (:mod:`dtok.pool.session_table`). Workers are forked by a zygote
+read-only views without a copy (:mod:`dtok.pool.shared_sessions`). Workers are forked by a zygote
 (:mod:`dtok.pool.zygote_client`); a worker that dies, is killed on a timeout, or does not come up
 in time is replaced.
 
@@ -35,19 +35,20 @@ from typing import Any, Hashable
 
 import posix_ipc
 
+from dtok.admission import bundled_files
+from dtok.chunking import chunk_count, split_at
+from dtok.knobs import positive_int
 from dtok.pool import protocol as P
 from dtok.pool import shm
 from dtok.pool.channel import Channel, payload_bytes
 from dtok.pool.failover import InProcessRoute
 from dtok.pool.records import PoolError, Request, Task, key_bytes
 from dtok.pool.scheduler import Estimator, Queues
-from dtok.pool.session_table import PoolSession, SessionTable
+from dtok.pool.shared_sessions import PoolSession, SessionTable
 from dtok.pool.supervision import Supervision, pss_mb
 from dtok.pool.zygote_client import Resources, ZygoteClient
-from dtok.chunking import chunk_count, split_at
-from dtok.knobs import positive_int
 from dtok.repair import Anchors
-from dtok.sessions import LOOKUP_MIN_CHARS, ContentIndex, replaces, scoped_key
+from dtok.sessions import LOOKUP_MIN_CHARS, ContentIndex, is_continuation, scoped_key
 from dtok.tokenizer import Tokenizer
 from dtok_ext.align import common_prefix
 from dtok_ext.buffers import IdBuffer
@@ -95,9 +96,9 @@ class Pool(Supervision):
                 else tokenizer_or_path
             worker_knobs = dict(self.tokenizer.knobs)
         else:
-            self.tokenizer = (Tokenizer.default(encoder="reference", **literal)
-                              if tokenizer_or_path is None else
-                              Tokenizer.from_file(tokenizer_or_path, encoder="reference", **literal))
+            self.tokenizer = Tokenizer(
+                bundled_files() if tokenizer_or_path is None else tokenizer_or_path,
+                encoder="reference", **literal)
             worker_knobs = {"encoder": "auto", **literal}
         # A knob left unset is the tokenizer's (one rule: the tokenizer's knobs, themselves
         # validated and defaulted from KNOBS).
@@ -216,9 +217,9 @@ class Pool(Supervision):
         """:meth:`encode_list` for an event loop (as :meth:`encode_async`)."""
         return await self._submit_off_loop(text, session, add_special_tokens, True, scope)
 
-    async def _submit_off_loop(self, text, session, special, want_list, scope):
+    async def _submit_off_loop(self, text, session, add_special, want_list, scope):
         loop = asyncio.get_running_loop()
-        req = await loop.run_in_executor(self._submitter, self._submit, text, session, special,
+        req = await loop.run_in_executor(self._submitter, self._submit, text, session, add_special,
                                          want_list, None, scope)
         return await asyncio.wrap_future(req.future)
 
@@ -283,10 +284,10 @@ class Pool(Supervision):
             self._closed = True
             for task in self.queues.drain():
                 self._cancel(task.req)
-            for meta in self.sessions.values():
-                for req in meta.queue:
+            for pool_session in self.sessions.values():
+                for req in pool_session.queue:
                     self._cancel(req)
-                meta.queue.clear()
+                pool_session.queue.clear()
             self._ready.notify_all()
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline and any(ch.task for ch in self._channels if ch.alive):
@@ -321,12 +322,12 @@ class Pool(Supervision):
 
     # --- routing (under the pool's lock; _submit takes it itself, around the planning) ------
 
-    def _submit(self, text, session, special, want_list, waiter, scope=None) -> Request:
+    def _submit(self, text, session, add_special, want_list, waiter, scope=None) -> Request:
         if self._closed:
             raise PoolError("the pool is closed")
-        req = Request(text, special, "session" if session is not None else "stateless",
+        req = Request(text, add_special, "session" if session is not None else "stateless",
                       want_list, waiter)
-        if type(text) is not str or type(special) is not bool or not self._channels:
+        if type(text) is not str or type(add_special) is not bool or not self._channels:
             self._in_process(req, inline=waiter is not None)
             return req
         # A long stateless text is planned and cut before the lock is taken: other threads
@@ -347,11 +348,12 @@ class Pool(Supervision):
             if session is not None or found is not None or (req.keys and pieces is None):
                 # a keyed session, the stored text content lookup found, or a short unkeyed
                 # text a new session keeps for content lookup
-                meta = (self.sessions.get(scoped_key(session, scope)) if session is not None else
-                        found if found is not None else self._new_content_session())
-                req.meta = meta
-                meta.queue.append(req)
-                self._start_session_request(meta)
+                pool_session = (self.sessions.get(scoped_key(session, scope))
+                                if session is not None else
+                                found if found is not None else self._new_content_session())
+                req.pool_session = pool_session
+                pool_session.queue.append(req)
+                self._start_session_request(pool_session)
             elif pieces is not None and len(pieces) > 1:
                 self._submit_chunked(req, pieces)
             else:
@@ -364,15 +366,15 @@ class Pool(Supervision):
     def _live(self) -> list[Channel]:
         return [ch for ch in self._channels if ch.alive]
 
-    def _home(self, meta: PoolSession) -> int | None:
+    def _home(self, pool_session: PoolSession) -> int | None:
         slots = [ch for ch in self._channels if ch.alive or ch.ready_by]
         if not slots:
             return None
-        return slots[zlib.crc32(key_bytes(meta.key)) % len(slots)].index
+        return slots[zlib.crc32(key_bytes(pool_session.key)) % len(slots)].index
 
     def _push_task(self, task: Task) -> None:
-        if task.meta is not None:
-            home = self._home(task.meta)
+        if task.pool_session is not None:
+            home = self._home(task.pool_session)
             if home is None:
                 self._task_dropped(task)
                 self._fail(task.req, "no live worker")
@@ -398,7 +400,8 @@ class Pool(Supervision):
         self._counts["lookups"] += 1
         found, req.keys = self.index.find(req.text, scope)
         if (found is not None and found.text is not None and found.inflight is None
-                and not found.queue and replaces(common_prefix(found.text, req.text), len(found.text))):
+                and not found.queue
+                and is_continuation(common_prefix(found.text, req.text), len(found.text))):
             self._counts["lookup_hits"] += 1
             return found
         return None
@@ -412,15 +415,15 @@ class Pool(Supervision):
         """A long unkeyed text missed by content lookup is encoded stateless (its chunks on all
         the workers), then kept as a session so that its next turn continues it; its chunk cuts
         are its first anchors."""
-        meta = self._new_content_session()
+        pool_session = self._new_content_session()
         offsets, tokens = [0], [0]
         for piece_len, ids in zip(req.bounds, parts):
             offsets.append(offsets[-1] + piece_len)
             tokens.append(tokens[-1] + len(ids))
-        if self.sessions.adopt(meta, req.text, parts, Anchors(offsets, tokens)):
-            self.index.add(meta, req.keys)
+        if self.sessions.adopt(pool_session, req.text, parts, Anchors(offsets, tokens)):
+            self.index.add(pool_session, req.keys)
         else:
-            self.sessions.drop(meta)
+            self.sessions.drop(pool_session)
 
     def _chunks(self, text: str) -> list[str]:
         """The chunks of a long stateless text: as many as the live workers take
@@ -441,38 +444,38 @@ class Pool(Supervision):
             self._push_stateless(Task(P.OP_ENCODE, "chunk", req, piece,
                                       self.estimator.weight(piece), index=i))
 
-    def _start_session_request(self, meta: PoolSession) -> None:
+    def _start_session_request(self, pool_session: PoolSession) -> None:
         """Start the oldest queued request of a session, unless one is in flight (a session's
         requests run one at a time, in order)."""
-        while meta.inflight is None and meta.queue:
-            req = meta.queue.popleft()
-            plan = self.tokenizer.planner.plan(meta.text, meta.anchors, req.text)
+        while pool_session.inflight is None and pool_session.queue:
+            req = pool_session.queue.popleft()
+            plan = self.tokenizer.planner.plan(pool_session.text, pool_session.anchors, req.text)
             if plan.kind == "hit":
                 self._counts["session_hits"] += 1
-                self._resolve_session(req, meta, len(meta.ids))
+                self._resolve_session(req, pool_session, len(pool_session.ids))
                 continue
             try:
-                task = self._session_task(meta, req, plan)
+                task = self._session_task(pool_session, req, plan)
             except shm.ShmFull as exc:
                 self._shm_full(req, exc)
                 continue
-            meta.inflight = req
+            pool_session.inflight = req
             self._push_task(task)
             return
 
-    def _session_task(self, meta: PoolSession, req: Request, plan) -> Task:
+    def _session_task(self, pool_session: PoolSession, req: Request, plan) -> Task:
         table, joined = P.plan_table(plan)
         fresh = sum(utf8_length(t) for t in plan.texts)
-        old_n = meta.n_body if plan.kind != "encode" else 0
+        old_n = pool_session.n_body if plan.kind != "encode" else 0
         bound = P.max_ids(fresh, len(self._prefix_ids) + len(self._suffix_ids)) + old_n
         task = Task(P.OP_SESSION, "init" if plan.kind == "encode" else "append", req, joined,
                     self.estimator.weight(joined))
-        task.plan, task.table, task.meta, task.old_n_body = plan, table, meta, old_n
+        task.plan, task.table, task.pool_session, task.old_n_body = plan, table, pool_session, old_n
         try:
-            task.target = self.sessions.target(meta, plan, bound)
+            task.target = self.sessions.target(pool_session, plan, bound)
         except shm.ShmFull:
             self._make_room()
-            task.target = self.sessions.target(meta, plan, bound)
+            task.target = self.sessions.target(pool_session, plan, bound)
         return task
 
     # --- dispatch (caller holds the lock) ---------------------------------------------------
@@ -531,7 +534,7 @@ class Pool(Supervision):
         if task.op == P.OP_ENCODE:
             if req.failed:
                 return
-            affix = (self._prefix_ids, self._suffix_ids) if req.special else ((), ())
+            affix = (self._prefix_ids, self._suffix_ids) if req.add_special else ((), ())
             if req.kind != "chunked":
                 req.parts, req.bounds = [ch.encoded_ids()], [len(req.text)]
             else:
@@ -544,41 +547,43 @@ class Pool(Supervision):
                 self._adopt(req, req.parts)
             req.parts = None
             return
-        meta = task.meta
+        pool_session = task.pool_session
         if status == P.ST_PLAN_FAILED:  # never expected: encode it whole
             self._counts["plan_failures"] += 1
             log.warning("dtok pool: a session plan failed (%s); encoding whole", c.error)
             self._task_dropped(task)
             try:
-                retry = self._session_task(meta, req, self.tokenizer.planner.plan(None, None, req.text))
+                plan = self.tokenizer.planner.plan(None, None, req.text)
+                retry = self._session_task(pool_session, req, plan)
             except shm.ShmFull as exc:
                 self._shm_full(req, exc)
                 return
             self.queues.push(ch.index, retry, time.monotonic())
             return
         resolved, counts = ch.report()
-        anchors = self.tokenizer.planner.anchors_after(task.plan, resolved, counts, meta.anchors)
-        if meta.known_by != ch.index:  # re-homed (a worker died): the last one may unmap it
-            self._unmap_on(meta, meta.known_by)
-        self.sessions.accept(meta, task.target.gen, task.target.capacity, req.text, c.n_ids,
+        anchors = self.tokenizer.planner.anchors_after(task.plan, resolved, counts,
+                                                       pool_session.anchors)
+        if pool_session.known_by != ch.index:  # re-homed (a worker died): the last may unmap it
+            self._unmap_on(pool_session, pool_session.known_by)
+        self.sessions.accept(pool_session, task.target.gen, task.target.capacity, req.text, c.n_ids,
                              anchors, ch.index, c.keep)
-        if meta.content:
-            self.index.remove(meta)
-            self.index.add(meta, req.keys)
+        if pool_session.content:
+            self.index.remove(pool_session)
+            self.index.add(pool_session, req.keys)
         kind = {"encode": "session_inits", "append": "session_repairs",
                 "edit": "session_edits"}[task.plan.kind]
         self._counts[kind] += 1
-        self._resolve_session(req, meta, c.keep if task.plan.kind != "encode" else 0)
-        meta.inflight = None
-        self._start_session_request(meta)
+        self._resolve_session(req, pool_session, c.keep if task.plan.kind != "encode" else 0)
+        pool_session.inflight = None
+        self._start_session_request(pool_session)
         for victim in self.sessions.victims():
             self._drop_session(victim)
 
-    def _resolve_session(self, req: Request, meta: PoolSession, keep: int) -> None:
+    def _resolve_session(self, req: Request, pool_session: PoolSession, keep: int) -> None:
         if req.want_list:
-            self._resolve(req, self.sessions.as_list(meta, req.special, keep))
+            self._resolve(req, self.sessions.as_list(pool_session, req.add_special, keep))
         else:
-            self._resolve(req, self.sessions.view(meta, req.special, keep))
+            self._resolve(req, self.sessions.view(pool_session, req.add_special, keep))
 
     def _resolve(self, req: Request, value) -> None:
         if self.trace is not None:
@@ -609,19 +614,19 @@ class Pool(Supervision):
         """A task that will not complete: release a segment created for it."""
         t = task.target
         if t is not None and t.gen != t.old_gen:
-            self.sessions.drop_pending(task.meta, t.gen)
+            self.sessions.drop_pending(task.pool_session, t.gen)
 
-    def _drop_session(self, meta: PoolSession) -> None:
-        if meta.content:
-            self.index.remove(meta)
-        self._unmap_on(meta, meta.known_by)
-        self.sessions.drop(meta)
+    def _drop_session(self, pool_session: PoolSession) -> None:
+        if pool_session.content:
+            self.index.remove(pool_session)
+        self._unmap_on(pool_session, pool_session.known_by)
+        self.sessions.drop(pool_session)
 
-    def _unmap_on(self, meta: PoolSession, index: int | None) -> None:
+    def _unmap_on(self, pool_session: PoolSession, index: int | None) -> None:
         """The worker ``index`` may forget its mapping of the session's segment (told with its
         next task): the session was dropped, or moved to another worker."""
         if index is not None and self._channels[index].alive:
-            self._channels[index].drops.append(meta.sid)
+            self._channels[index].drops.append(pool_session.sid)
 
     def _make_room(self) -> None:
         """Shared memory ran out: drop the least recently used idle session."""
@@ -648,18 +653,18 @@ class Pool(Supervision):
         req.failed = True
         self._counts["failovers"] += 1
         log.warning("dtok pool: request failed over to in-process encoding: %s", reason)
-        meta = req.meta
-        if meta is not None and not reason.startswith("shared memory"):
-            self.sessions.reset(meta)
-            if meta.content:
-                self.index.remove(meta)
+        pool_session = req.pool_session
+        if pool_session is not None and not reason.startswith("shared memory"):
+            self.sessions.reset(pool_session)
+            if pool_session.content:
+                self.index.remove(pool_session)
 
         def then():
-            if meta is not None:  # the session's next request may start
+            if pool_session is not None:  # the session's next request may start
                 with self._lock:
-                    if meta.inflight is req:
-                        meta.inflight = None
-                    self._start_session_request(meta)
+                    if pool_session.inflight is req:
+                        pool_session.inflight = None
+                    self._start_session_request(pool_session)
             self._finish_lists()
 
         self.in_process_route.answer(req, self._resolve, then)

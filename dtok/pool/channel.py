@@ -83,7 +83,7 @@ class Channel:
             memoryview(mem)[off : off + 8 * len(table)] = table.tobytes()
             off += 8 * len(table)
             c.plan_words = len(table)
-            c.session_id = task.meta.sid
+            c.session_id = task.pool_session.sid
             t = task.target
             c.seg_gen, c.old_seg_gen, c.seg_capacity, c.dst_valid = (t.gen, t.old_gen,
                                                                     t.capacity, t.valid)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Hashable
 
 if TYPE_CHECKING:
     from dtok.pool.channel import Channel
-    from dtok.pool.session_table import PoolSession
+    from dtok.pool.shared_sessions import PoolSession
 
 __all__ = ["PoolError", "Request", "Task", "key_bytes"]
 
@@ -19,13 +19,13 @@ class PoolError(RuntimeError):
 
 
 class Request:
-    __slots__ = ("future", "text", "special", "meta", "kind", "parts", "pending", "failed",
-                 "want_list", "waiter", "direct", "times", "keys", "bounds")
+    __slots__ = ("future", "text", "add_special", "pool_session", "kind", "parts", "pending",
+                 "failed", "want_list", "waiter", "direct", "times", "keys", "bounds")
 
-    def __init__(self, text, special, kind, want_list=False, waiter=None):
+    def __init__(self, text, add_special, kind, want_list=False, waiter=None):
         self.future: Future = Future()
-        self.text, self.special, self.kind = text, special, kind
-        self.meta: PoolSession | None = None
+        self.text, self.add_special, self.kind = text, add_special, kind
+        self.pool_session: PoolSession | None = None
         self.parts: list | None = None
         self.pending = 0
         self.failed = False
@@ -38,7 +38,7 @@ class Request:
 
 class Task:
     __slots__ = ("op", "kind", "req", "text", "weight", "index", "seq", "key", "arrival",
-                 "sent_at", "plan", "table", "meta", "target", "old_n_body")
+                 "sent_at", "plan", "table", "pool_session", "target", "old_n_body")
 
     def __init__(self, op, kind, req, text, weight, index=0):
         self.op, self.kind, self.req, self.text, self.weight, self.index = (
@@ -47,7 +47,7 @@ class Task:
         self.key = 0.0
         self.arrival = None  # ms since the pool started, set when first queued
         self.sent_at = 0.0
-        self.plan = self.table = self.meta = self.target = None
+        self.plan = self.table = self.pool_session = self.target = None
         self.old_n_body = 0
 
 

@@ -122,9 +122,9 @@ class Supervision:
             task, ch.task = ch.task, None
             self._task_dropped(task)
             self._fail(task.req, f"worker {index} died")
-        for meta in self.sessions.values():
-            if meta.known_by == index:
-                meta.known_by = None
+        for pool_session in self.sessions.values():
+            if pool_session.known_by == index:
+                pool_session.known_by = None
         if self._closed:
             return
         now = time.monotonic()

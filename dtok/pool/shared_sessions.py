@@ -104,140 +104,141 @@ class SessionTable:
         return len(self._by_key)
 
     def get(self, key: Hashable) -> PoolSession:
-        meta = self._by_key.get(key)
-        if meta is None:
-            meta = self._by_key[key] = PoolSession(key, self._next_sid)
+        session = self._by_key.get(key)
+        if session is None:
+            session = self._by_key[key] = PoolSession(key, self._next_sid)
             self._next_sid += 1
-        return meta
+        return session
 
-    def holds(self, meta: PoolSession) -> bool:
-        """Whether ``meta`` is still in the table (not dropped since it was looked up)."""
-        return self._by_key.get(meta.key) is meta
+    def holds(self, session: PoolSession) -> bool:
+        """Whether ``session`` is still in the table (not dropped since it was looked up)."""
+        return self._by_key.get(session.key) is session
 
     def new_content(self) -> PoolSession:
         """A session for an unkeyed text that content lookup did not place."""
-        meta = self.get(("dtok-content", self._next_sid))
-        meta.content = True
+        session = self.get(("dtok-content", self._next_sid))
+        session.content = True
         self.n_content += 1
-        return meta
+        return session
 
     def values(self):
         return list(self._by_key.values())
 
     # --- segments -------------------------------------------------------------------------
 
-    def target(self, meta: PoolSession, plan: Plan, bound: int) -> Target:
+    def target(self, session: PoolSession, plan: Plan, bound: int) -> Target:
         """Where a task whose new IDs are at most ``bound`` writes: the current segment when the
         plan may be done in place, nothing holds a view and it fits; else the spare when no view
         of it is alive and it fits; else a fresh segment (ShmFull if it cannot be made)."""
-        old = meta.gen if meta.seg is not None and meta.text is not None else 0
-        if (old and plan.kind != "encode" and plan.in_place and bound <= meta.capacity
-                and (meta.ids is None or meta.ids.exports == 0)):
-            return Target(old, old, meta.capacity, 0)
-        spare, old = meta.spare, old if plan.kind != "encode" else 0
+        old = session.gen if session.seg is not None and session.text is not None else 0
+        if (old and plan.kind != "encode" and plan.in_place and bound <= session.capacity
+                and (session.ids is None or session.ids.exports == 0)):
+            return Target(old, old, session.capacity, 0)
+        spare, old = session.spare, old if plan.kind != "encode" else 0
         if spare is not None and spare.ids.exports == 0 and bound <= spare.capacity:
-            meta.spare = None  # in flight: a task that does not complete drops it
-            self._pending[(meta.sid, spare.gen)] = spare.seg
+            session.spare = None  # in flight: a task that does not complete drops it
+            self._pending[(session.sid, spare.gen)] = spare.seg
             spare.ids.release()
             return Target(spare.gen, old, spare.capacity, spare.valid if old else 0)
         capacity = _with_room(bound)
-        self._new_segment(meta, 4 * capacity)
-        return Target(meta.last_gen, old, capacity, 0)
+        self._new_segment(session, 4 * capacity)
+        return Target(session.last_gen, old, capacity, 0)
 
-    def _new_segment(self, meta: PoolSession, nbytes: int) -> shm.Segment:
+    def _new_segment(self, session: PoolSession, nbytes: int) -> shm.Segment:
         """A fresh segment for the session's next generation, pending until accepted. When
         shared memory is short, the spares of idle sessions are given back first."""
-        name = P.session_name(self.prefix, meta.sid, meta.last_gen + 1)
+        name = P.session_name(self.prefix, session.sid, session.last_gen + 1)
         try:
             seg = shm.Segment(name, nbytes, True, self.budget)
         except shm.ShmFull:
             if not self.drop_spares():
                 raise
             seg = shm.Segment(name, nbytes, True, self.budget)
-        meta.last_gen += 1
+        session.last_gen += 1
         self.segments_made += 1
-        self._pending[(meta.sid, meta.last_gen)] = seg
+        self._pending[(session.sid, session.last_gen)] = seg
         return seg
 
     def drop_spares(self) -> int:
         """Retire every session's spare (shared memory ran short); how many there were."""
         n = 0
-        for meta in self._by_key.values():
-            if meta.spare is not None:
-                self._retire_spare(meta)
+        for session in self._by_key.values():
+            if session.spare is not None:
+                self._retire_spare(session)
                 n += 1
         return n
 
-    def accept(self, meta: PoolSession, gen: int, capacity: int, text: str, n_body: int,
+    def accept(self, session: PoolSession, gen: int, capacity: int, text: str, n_body: int,
                anchors: Anchors, worker: int | None, keep: int) -> None:
         """A task's result becomes the session's state (``keep``: its leading IDs, prefix
         included, that equal the previous state's)."""
-        if gen != meta.gen or meta.seg is None:
-            self._retire_spare(meta)
-            if meta.seg is not None:  # the current segment becomes the spare
-                meta.spare = Spare(meta.seg, meta.ids, meta.gen, meta.capacity, keep)
-                meta.seg, meta.ids = None, None
-            meta.seg = self._pending.pop((meta.sid, gen))
-            meta.gen = gen
-            meta.ids = MappedIds(meta.seg.map, capacity)
-            meta.capacity = capacity
-        elif meta.spare is not None:  # in place: the spare shares only what was kept
-            meta.spare.valid = min(meta.spare.valid, keep)
-        meta.text, meta.n_body, meta.anchors, meta.known_by = text, n_body, anchors, worker
-        meta.ids.length = self.n_prefix + n_body + self.n_suffix
+        if gen != session.gen or session.seg is None:
+            self._retire_spare(session)
+            if session.seg is not None:  # the current segment becomes the spare
+                session.spare = Spare(session.seg, session.ids, session.gen, session.capacity, keep)
+                session.seg, session.ids = None, None
+            session.seg = self._pending.pop((session.sid, gen))
+            session.gen = gen
+            session.ids = MappedIds(session.seg.map, capacity)
+            session.capacity = capacity
+        elif session.spare is not None:  # in place: the spare shares only what was kept
+            session.spare.valid = min(session.spare.valid, keep)
+        session.text, session.n_body, session.anchors = text, n_body, anchors
+        session.known_by = worker
+        session.ids.length = self.n_prefix + n_body + self.n_suffix
         self._clock += 1
-        meta.used = self._clock
-        self._account(meta)
-        self._by_key.move_to_end(meta.key)
+        session.used = self._clock
+        self._account(session)
+        self._by_key.move_to_end(session.key)
 
-    def adopt(self, meta: PoolSession, text: str, parts: list, anchors: Anchors) -> bool:
+    def adopt(self, session: PoolSession, text: str, parts: list, anchors: Anchors) -> bool:
         """A stateless result (body IDs in ``parts``) becomes a session's state: written into a
         new segment, as a worker would have. False when shared memory cannot be had."""
         n_body = sum(len(p) for p in parts)
         capacity = _with_room(self.n_prefix + n_body + self.n_suffix)
         try:
-            seg = self._new_segment(meta, 4 * capacity)
+            seg = self._new_segment(session, 4 * capacity)
         except shm.ShmFull:
             return False
         write_ids(seg.map, 0, [self.prefix_ids, *parts, self.suffix_ids])
-        self.accept(meta, meta.last_gen, capacity, text, n_body, anchors, None, 0)
+        self.accept(session, session.last_gen, capacity, text, n_body, anchors, None, 0)
         return True
 
-    def drop_pending(self, meta: PoolSession, gen: int) -> None:
+    def drop_pending(self, session: PoolSession, gen: int) -> None:
         """A task that will not complete: release the segment made for it."""
-        seg = self._pending.pop((meta.sid, gen), None)
+        seg = self._pending.pop((session.sid, gen), None)
         if seg is not None:
             seg.close()
             seg.unlink()
 
-    def view(self, meta: PoolSession, special: bool, keep: int) -> memoryview:
+    def view(self, session: PoolSession, add_special: bool, keep: int) -> memoryview:
         """The session's IDs for a request that left ``keep`` leading IDs (prefix included) as
         they were."""
-        meta.lists.note(keep)
-        return affixed_view(meta.ids, special, self.n_prefix, self.n_suffix)
+        session.lists.note(keep)
+        return affixed_view(session.ids, add_special, self.n_prefix, self.n_suffix)
 
-    def as_list(self, meta: PoolSession, special: bool, keep: int) -> list:
+    def as_list(self, session: PoolSession, add_special: bool, keep: int) -> list:
         """The session's IDs as a list, updated in O(changed) (``keep``: as for :meth:`view`)."""
-        out = meta.lists.get(special, self.view(meta, special, keep), self.n_prefix)
-        self._account(meta)
+        out = session.lists.get(add_special, self.view(session, add_special, keep), self.n_prefix)
+        self._account(session)
         return out
 
-    def reset(self, meta: PoolSession) -> None:
+    def reset(self, session: PoolSession) -> None:
         """Forget a session's state (its IDs may be half written)."""
-        self._retire_spare(meta)
-        self.retire(meta)
-        meta.text, meta.anchors, meta.n_body, meta.known_by = None, None, 0, None
-        meta.lists.clear()
+        self._retire_spare(session)
+        self.retire(session)
+        session.text, session.anchors, session.n_body, session.known_by = None, None, 0, None
+        session.lists.clear()
 
-    def retire(self, meta: PoolSession) -> None:
-        if meta.seg is not None:
-            meta.seg.unlink()
-            self._retired.append((meta.seg, meta.ids))
-            meta.seg, meta.ids, meta.capacity = None, None, 0
+    def retire(self, session: PoolSession) -> None:
+        if session.seg is not None:
+            session.seg.unlink()
+            self._retired.append((session.seg, session.ids))
+            session.seg, session.ids, session.capacity = None, None, 0
         self.reap()
 
-    def _retire_spare(self, meta: PoolSession) -> None:
-        spare, meta.spare = meta.spare, None
+    def _retire_spare(self, session: PoolSession) -> None:
+        spare, session.spare = session.spare, None
         if spare is not None:
             spare.seg.unlink()
             self._retired.append((spare.seg, spare.ids))
@@ -256,21 +257,21 @@ class SessionTable:
 
     # --- bounds ---------------------------------------------------------------------------
 
-    def _account(self, meta: PoolSession) -> None:
-        size = (sys.getsizeof(meta.text) if meta.text is not None else 0) \
-            + (4 * meta.ids.length if meta.ids is not None else 0) \
-            + (4 * meta.spare.ids.length if meta.spare is not None else 0) \
-            + (meta.anchors.nbytes if meta.anchors is not None else 0) \
-            + meta.lists.nbytes
-        self.bytes_used += size - meta.nbytes
-        meta.nbytes = size
+    def _account(self, session: PoolSession) -> None:
+        size = (sys.getsizeof(session.text) if session.text is not None else 0) \
+            + (4 * session.ids.length if session.ids is not None else 0) \
+            + (4 * session.spare.ids.length if session.spare is not None else 0) \
+            + (session.anchors.nbytes if session.anchors is not None else 0) \
+            + session.lists.nbytes
+        self.bytes_used += size - session.nbytes
+        session.nbytes = size
 
-    def drop(self, meta: PoolSession) -> None:
-        if self._by_key.pop(meta.key, None) is not None and meta.content:
+    def drop(self, session: PoolSession) -> None:
+        if self._by_key.pop(session.key, None) is not None and session.content:
             self.n_content -= 1
-        self.bytes_used -= meta.nbytes
-        meta.nbytes = 0
-        self.reset(meta)
+        self.bytes_used -= session.nbytes
+        session.nbytes = 0
+        self.reset(session)
 
     def victims(self, force: bool = False, content_limit: int | None = None) -> list[PoolSession]:
         """Idle sessions to drop, least recently used first: while over the bounds (or, with
@@ -280,22 +281,22 @@ class SessionTable:
         over_n = len(self._by_key) - self.max_sessions
         over_b = self.bytes_used - self.session_bytes
         over_c = self.n_content - content_limit if content_limit is not None else 0
-        for meta in self._by_key.values():
+        for session in self._by_key.values():
             if not (over_n > 0 or over_b > 0 or over_c > 0 or (force and not out)):
                 break
-            if over_c > 0 and not (over_n > 0 or over_b > 0 or force) and not meta.content:
+            if over_c > 0 and not (over_n > 0 or over_b > 0 or force) and not session.content:
                 continue
-            if meta.inflight is not None or meta.queue:
+            if session.inflight is not None or session.queue:
                 continue
-            out.append(meta)
+            out.append(session)
             over_n -= 1
-            over_b -= meta.nbytes
-            over_c -= meta.content
+            over_b -= session.nbytes
+            over_c -= session.content
         return out
 
     def close(self) -> None:
-        for meta in self.values():
-            self.drop(meta)
+        for session in self.values():
+            self.drop(session)
         for seg in self._pending.values():
             seg.close()
             seg.unlink()
