@@ -32,7 +32,7 @@ PARALLEL_MIN_CHARS = 32768
 def text_class(piece: str) -> str:
     """'latin' (about one UTF-8 byte per character: prose, code) or 'other' (multilingual
     text), judged on a sample of the piece: the class the second encoder's speed was measured
-    on (``tools/build_guards.py --speed``)."""
+    on (``tools/data/build_guards.py --speed``)."""
     if piece.isascii():
         return "latin"
     sample = piece[::61] if len(piece) > 4096 else piece
