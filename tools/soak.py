@@ -72,6 +72,7 @@ KINDS = {"pool_keyed": 22, "pool_lookup": 12, "pool_burst": 0.6, "pool_batch": 4
 # faults and their weights
 FAULTS = {"worker_kill": 5, "worker_stop": 3, "zygote_kill": 1.2, "shm_fill": 2,
           "front_end_kill": 1, "front_end_kill_all": 0.6}
+CALLERS = 24  # the front end's caller threads (an executor, as a server's)
 BURST_CHARS = 1_000_000
 CONV_CAP = 250_000  # a conversation this long starts over under a new key
 POOL_KNOBS = dict(max_sessions=16, session_bytes=48 << 20)
@@ -386,7 +387,7 @@ def front_end(args) -> None:
                          request_timeout=args.request_timeout, name=f"soak{inc}", **POOL_KNOBS)
 
     pools = PoolHolder(make_pool, log)
-    executor = ThreadPoolExecutor(24, thread_name_prefix="soak-call")
+    executor = ThreadPoolExecutor(CALLERS, thread_name_prefix="soak-call")
     spool = out / "spool"
     spool_q: list = []
     spool_cv = threading.Condition()
@@ -494,6 +495,16 @@ def front_end(args) -> None:
 
     trimmed = [now()]
     per_thread = thread_state_mib(tok)
+    # a server's caller threads exist from the start: the executor's all start now, each with
+    # its first encode (its share of the fast encoder's state) before the warm-up is over
+    gate = threading.Barrier(CALLERS)
+
+    def first_encode():
+        tok.encode("a caller thread's first encode " * 40)
+        gate.wait(timeout=60)
+
+    for f in [executor.submit(first_encode) for _ in range(CALLERS)]:
+        f.result()
 
     def sampler():
         while not stop.is_set():
