@@ -292,7 +292,8 @@ class SessionStore:
         stored one), ``edits`` (IDs reused across a change that is not an append),
         ``full_encodes``, ``fallbacks`` (a continuation that could not be proven: encoded
         whole); ``lists_made``: lists for ``encode_list`` built whole (the others were updated
-        in O(changed IDs)) by the sessions held now."""
+        in O(changed IDs)) by the sessions held now; ``bytes``: what ``session_bytes`` bounds
+        (text, IDs, spares, anchors and lists)."""
         with self._lock:
             live = [e for e in self._lru if e.text is not None]
             return {"entries": len(self._lru), "keyed": len(self._keyed),
@@ -301,7 +302,7 @@ class SessionStore:
                     "id_bytes": sum(e.buf.nbytes for e in live if e.buf is not None),
                     "anchor_bytes": sum(e.anchors.nbytes for e in live if e.anchors is not None),
                     "lists_made": sum(e.lists.made for e in live),
-                    **self._counts}
+                    "bytes": self._bytes, **self._counts}
 
     def describe(self) -> dict[str, Any]:
         k = self.planner.knobs

@@ -90,3 +90,52 @@ def test_second_encoder_costs_about_the_three_encoders():
     bare, loaded = _rss_mb("bare+fastokens+gigatoken", path), _rss_mb("dtok fast+gigatoken", path)
     # measured here: the three encoders 97 MiB, dtok 104 MiB
     assert loaded <= bare + 15, (bare, loaded)
+
+
+_THREADS = r"""
+import sys, threading
+import dtok
+
+def rss():
+    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) // 1024
+
+tok = dtok.Tokenizer.from_file(sys.argv[1])
+text = "Each thread's first encode on the fast encoder. " * 40
+tok.encode(text)
+start = rss()
+hold, ready = threading.Event(), threading.Semaphore(0)
+
+def run():
+    tok.encode(text)
+    ready.release()
+    hold.wait()
+
+threads = [threading.Thread(target=run) for _ in range(8)]
+for t in threads:
+    t.start()
+for _ in threads:
+    ready.acquire()
+alive = rss()
+hold.set()
+for t in threads:
+    t.join()
+for _ in range(3):  # short-lived threads, as threading.Timer makes: nothing stays behind
+    t = threading.Thread(target=tok.encode, args=(text,))
+    t.start()
+    t.join()
+print(start, alive, rss())
+"""
+
+
+def test_fast_encoder_state_lives_with_its_thread():
+    """fastokens 0.3.5 keeps ~16 MiB of state per thread that encoded, for as long as the thread
+    lives (what grew a soak's front end as its 24-thread executor filled up): a front end's RSS
+    is bounded by the threads that call dtok, and a thread that ends gives its share back."""
+    if not sys.platform.startswith("linux"):
+        return
+    out = subprocess.run([sys.executable, "-c", _THREADS, str(shared_path("tokenizers", "qwen3"))],
+                         check=True, capture_output=True, text=True).stdout
+    start, alive, after = map(int, out.split())
+    per_thread = (alive - start) / 8
+    assert per_thread < 24, (start, alive, after)  # measured here: 16 MiB a thread
+    assert after - start < 24, (start, alive, after)  # given back once the threads ended

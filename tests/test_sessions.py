@@ -123,6 +123,26 @@ def test_special_tokens_views_share_one_buffer():
     assert tok.sessions.stats()["hits"] == 1
 
 
+def test_stats_bytes_is_what_session_bytes_bounds():
+    """stats()["bytes"] (what a soak compares with the front end's RSS) counts the lists that
+    encode_list keeps as well as text, IDs and anchors, and never exceeds session_bytes."""
+    limit = 600_000
+    tok = fresh("qwen3", session_bytes=limit, max_sessions=8)
+    src = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")
+    seen = 0
+    for step in range(30):
+        key = step % 5
+        text = src[key * 30000 : key * 30000 + 4000 + 600 * step]
+        tok.encode_list(text, session=key)
+        s = tok.sessions.stats()
+        assert s["bytes"] <= limit, s
+        assert s["bytes"] > s["text_bytes"] + s["id_bytes"] + s["anchor_bytes"], s  # + lists
+        seen = max(seen, s["bytes"])
+    assert seen > limit // 2 and tok.sessions.stats()["evictions"] > 0
+    tok.sessions.clear()
+    assert tok.sessions.stats()["bytes"] == 0
+
+
 def test_concurrent_sessions_and_eviction_in_flight():
     tok = fresh("qwen3", session_bytes=400_000, max_sessions=6)
     src = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")

@@ -29,6 +29,18 @@ that stopped cleanly without an answer, or of a killed one that had waited more 
 apart). Leaked: names in /dev/shm of a pool after its front end closed it, of a killed front
 end's pools once its successor started, and of any pool at the end. The last line is
 ``soak: N differences, N unanswered, N leaked``.
+
+Memory: each second the front end samples its RSS and PSS, malloc's live bytes (``heap``:
+glibc's mallinfo2, in use plus mmapped chunks; RSS also holds pages glibc keeps after a free)
+and what it holds by design (``held_mib``: the tokenizer's and the pool's stores as they account
+them against ``session_bytes``, the client's conversation texts, the texts of requests not
+answered yet and of answers waiting for the spool); workers' RSS and PSS too. The report gives,
+per front-end incarnation, growth and slope after warm-up of each, and ``rss_growth_beyond_held``.
+At a clean stop the front end closes its pools, clears its sessions and texts and samples again
+(``front_end_end_probe_mib``): malloc's live bytes back at their level after loading mean nothing
+was kept. Bisecting: ``--kinds``, ``--faults`` (``''``: none), ``--mem-detail`` (every 5 s:
+anonymous, /dev/shm and file mappings, malloc arenas, gc objects, threads) and ``--trim-every``
+(malloc_trim(0) now and then: RSS after it is what is live).
 """
 from __future__ import annotations
 
@@ -60,6 +72,7 @@ KINDS = {"pool_keyed": 22, "pool_lookup": 12, "pool_burst": 0.6, "pool_batch": 4
 # faults and their weights
 FAULTS = {"worker_kill": 5, "worker_stop": 3, "zygote_kill": 1.2, "shm_fill": 2,
           "front_end_kill": 1, "front_end_kill_all": 0.6}
+CALLERS = 24  # the front end's caller threads (an executor, as a server's)
 BURST_CHARS = 1_000_000
 CONV_CAP = 250_000  # a conversation this long starts over under a new key
 POOL_KNOBS = dict(max_sessions=16, session_bytes=48 << 20)
@@ -84,6 +97,89 @@ def mem_of(pid: int) -> tuple[float, float] | None:
     except OSError:
         return None
     return None if rss is None or pss is None else (round(rss, 1), round(pss, 1))
+
+
+def mem_detail(pid: int) -> dict:
+    """Where a process's resident memory is, from /proc/PID/smaps (MiB, and mapping counts):
+    anonymous (heap and mmap'd), /dev/shm segments, other files."""
+    out = {"anon": 0.0, "shm": 0.0, "file": 0.0, "n_shm": 0, "n_anon": 0, "n_maps": 0}
+    kind = None
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                head = line.split(None, 6)
+                if "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a mapping's header
+                    path = head[5].strip() if len(head) > 5 else ""
+                    out["n_maps"] += 1
+                    if path.startswith("/dev/shm/"):
+                        kind = "shm"
+                        out["n_shm"] += 1
+                    elif path == "" or path.startswith("["):
+                        kind = "anon"
+                        out["n_anon"] += 1
+                    else:
+                        kind = "file"
+                elif head[0] == "Rss:":
+                    out[kind] += int(head[1]) / 1024
+    except OSError:
+        return {}
+    return {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def malloc_mib() -> dict:
+    """glibc's view of this process's heap (mallinfo2): in use, free but kept, mmap'd chunks."""
+    import ctypes
+
+    class Info(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks",
+                    "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = Info
+    except (OSError, AttributeError):
+        return {}
+    i = libc.mallinfo2()
+    mib = 1 << 20
+    return {"arena": round(i.arena / mib, 1), "in_use": round(i.uordblks / mib, 1),
+            "free": round(i.fordblks / mib, 1), "mmapped": round(i.hblkhd / mib, 1)}
+
+
+def release_free_heap() -> None:
+    """malloc_trim(0): glibc gives back the free pages of its heap (glibc only)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+# threads that run encodes in the front end: the soak's callers, the tokenizer's and the pool's
+ENCODING_THREADS = ("soak-call", "dtok-encode", "dtok-pool-failover")
+
+
+def thread_state_mib(tok) -> float:
+    """RSS one thread adds once it has encoded, measured on fresh threads (the least of 3):
+    fastokens 0.3.5 keeps ~16 MiB of state per thread that called it, for as long as the
+    thread lives."""
+    tries = []
+    for _ in range(3):
+        ready, done = threading.Event(), threading.Event()
+
+        def run():
+            tok.encode("a thread's first encode, on the fast encoder " * 40)
+            ready.set()
+            done.wait()
+
+        before = mem_of(os.getpid())[0]
+        th = threading.Thread(target=run)
+        th.start()
+        ready.wait()
+        tries.append(mem_of(os.getpid())[0] - before)
+        done.set()
+        th.join()
+    return max(0.0, round(min(tries), 1))
 
 
 def copy_ids(view: memoryview) -> array:
@@ -226,7 +322,8 @@ class PoolHolder:
 
     def give(self, pool) -> None:
         with self.lock:
-            self.outstanding[pool] -= 1
+            if pool in self.outstanding:  # not if retire() gave up waiting and let it go
+                self.outstanding[pool] -= 1
 
     def supervise(self) -> None:
         """Once a second: a pool with no live or starting worker for 3 s is retired.
@@ -254,6 +351,8 @@ class PoolHolder:
         while now() < deadline and self.outstanding.get(pool, 0) > 0:
             time.sleep(0.2)
         pool.close()
+        with self.lock:  # let go of it (and of its tokenizer) as a server would
+            del self.outstanding[pool]
 
 
 def front_end(args) -> None:
@@ -287,12 +386,15 @@ def front_end(args) -> None:
     tok = dtok.Tokenizer.default(**POOL_KNOBS)
     chunk_threshold = tok.knobs["chunk_threshold"]
 
+    loaded = dtok.Tokenizer.default()  # each pool gets its own session state, not a reload
+
     def make_pool():
-        return dtok.Pool(dtok.Tokenizer.default(), workers=args.workers,
+        return dtok.Pool(loaded.with_knobs(), workers=args.workers,
                          request_timeout=args.request_timeout, name=f"soak{inc}", **POOL_KNOBS)
 
+    per_thread = thread_state_mib(tok)  # before any other thread runs: the least of 3 tries
     pools = PoolHolder(make_pool, log)
-    executor = ThreadPoolExecutor(24, thread_name_prefix="soak-call")
+    executor = ThreadPoolExecutor(CALLERS, thread_name_prefix="soak-call")
     spool = out / "spool"
     spool_q: list = []
     spool_cv = threading.Condition()
@@ -343,7 +445,8 @@ def front_end(args) -> None:
             tmp.write_text(json.dumps(item))
             tmp.rename(spool / f"{item['rid']}.json")
 
-    threading.Thread(target=spooler, daemon=True).start()
+    spool_thread = threading.Thread(target=spooler, daemon=True)
+    spool_thread.start()
 
     def issue(kind: str) -> None:
         rid = f"{inc}-{next(seq)}"
@@ -363,7 +466,7 @@ def front_end(args) -> None:
         else:  # batches
             tx, key = [texts.piece(rng.randint(100, 20_000)) for _ in range(8)], None
         with pending_lock:
-            pending[rid] = (kind, now())
+            pending[rid] = (kind, now(), sum(map(len, tx)))
         log.write(t="s", rid=rid, kind=kind, at=now(), chars=sum(map(len, tx)))
         if kind == "pool_batch":  # each text its own request, submitted together
             with pending_lock:
@@ -371,7 +474,7 @@ def front_end(args) -> None:
             for j, t in enumerate(tx):
                 sub = f"{rid}.{j}"
                 with pending_lock:
-                    pending[sub] = (kind, now())
+                    pending[sub] = (kind, now(), len(t))
                 if j:
                     pools.take()
                 f = pool.submit(t, add_special_tokens=special)
@@ -397,10 +500,31 @@ def front_end(args) -> None:
                 threading.Timer(rng.random() * 0.01, tok.sessions.drop, args=(key,)).start()
         f.add_done_callback(lambda f: answered(rid, kind, special, tx, f, pool))
 
+    trimmed = [now()]
+    # a server's caller threads exist from the start: the executor's all start now, each with
+    # its first encode (its share of the fast encoder's state) before the warm-up is over
+    gate = threading.Barrier(CALLERS)
+
+    def first_encode():
+        tok.encode("a caller thread's first encode " * 40)
+        gate.wait(timeout=60)
+
+    for f in [executor.submit(first_encode) for _ in range(CALLERS)]:
+        f.result()
+
     def sampler():
         while not stop.is_set():
             t = now()
             rec = {"t": "m", "at": t, "fe": mem_of(os.getpid())}
+            heap = malloc_mib()
+            if heap:  # live malloc'd memory (glibc keeps freed pages resident: RSS alone says less)
+                rec["heap"] = round(heap["in_use"] + heap["mmapped"], 1)
+            if args.trim_every and t - trimmed[0] >= args.trim_every:
+                t_trim = time.perf_counter()
+                release_free_heap()
+                trimmed[0] = t
+                rec["trim_ms"] = round(1000 * (time.perf_counter() - t_trim), 1)
+                rec["fe_trimmed"] = mem_of(os.getpid())
             pool = pools.current
             if pool is not None:
                 s = pool.stats()
@@ -422,15 +546,39 @@ def front_end(args) -> None:
                 except Exception as exc:  # noqa: BLE001
                     log.write(t="internal", at=now(), msg=f"supervise: {exc}")
                     internal["errors"] += 1
-            rec["tok_sessions"] = tok.sessions.stats()["entries"]
+            ts = tok.sessions.stats()
+            rec["tok_sessions"] = ts["entries"]
+            rec["held_mib"] = {  # what the stores account and the client's own texts
+                "tok": round(ts["bytes"] / (1 << 20), 1),
+                "pool": round(rec.get("session_bytes", 0) / (1 << 20), 1),
+                "client": round(sum(sys.getsizeof(c.text) for cs in convs.values()
+                                    for c in cs) / (1 << 20), 1),
+                # texts of requests not answered yet (an open-loop backlog grows when the
+                # machine falls behind) and of answers waiting to be written to the spool
+                "in_flight": round(sum(e[2] for e in list(pending.values())) / (1 << 20), 1),
+                "spool": round(sum(len(t) for i in list(spool_q) if i for t in i["texts"])
+                               / (1 << 20), 1),
+                # the fast encoder's state in each live thread that encodes
+                "threads": round(per_thread * sum(th.name.startswith(ENCODING_THREADS)
+                                                  for th in threading.enumerate()), 1)}
+            if args.mem_detail and int(t) % 5 == 0:  # where the front end's memory is
+                import gc
+
+                rec["detail"] = {**mem_detail(os.getpid()), "malloc": malloc_mib(),
+                                 "gc_objects": len(gc.get_objects()),
+                                 "threads": threading.active_count(),
+                                 "pending": len(pending), "spool_q": len(spool_q),
+                                 "py_blocks": sys.getallocatedblocks()}
             log.write(**rec)
             time.sleep(max(0.0, 1.0 - (now() - t)))
 
     threading.Thread(target=sampler, daemon=True).start()
     while pools.current is None:
         time.sleep(0.1)
-    log.write(t="ready", at=now(), pid=os.getpid())
-    names, weights = list(KINDS), list(KINDS.values())
+    log.write(t="ready", at=now(), pid=os.getpid(), thread_state_mib=per_thread,
+              heap=malloc_mib())
+    kinds = {k: w for k, w in KINDS.items() if not args.kinds or k in args.kinds.split(",")}
+    names, weights = list(kinds), list(kinds.values())
     stop_file = out / "stop"
     next_at = time.monotonic()
     while not stop_file.exists():
@@ -460,14 +608,27 @@ def front_end(args) -> None:
     with spool_cv:
         spool_q.append(None)
         spool_cv.notify()
-    time.sleep(0.5)
+    spool_thread.join(timeout=60)
     leaked = {p: shm.names_with_prefix(p) for p in pools.prefixes}
+    # what the front end holds once dtok holds nothing: the pools closed, the tokenizer's
+    # sessions and the client's texts gone, and the heap glibc keeps given back
+    import gc
+
+    probe = {"closed": mem_of(os.getpid()), "spool_left": len(spool_q), "pending": len(pending)}
+    tok.sessions.clear()
+    convs.clear()
+    gc.collect()
+    probe["cleared"] = mem_of(os.getpid())
+    probe["cleared_malloc"] = malloc_mib()
+    release_free_heap()
+    probe["trimmed"] = mem_of(os.getpid())
+    probe["trimmed_malloc"] = malloc_mib()
     if args._tracemalloc:  # private: where the front end's memory went
         import tracemalloc
 
         top = tracemalloc.take_snapshot().statistics("lineno")[:30]
         (out / f"tracemalloc-{inc}.txt").write_text("\n".join(map(str, top)))
-    log.write(t="end", at=now(), unanswered=sorted(left), leaked=leaked,
+    log.write(t="end", at=now(), unanswered=sorted(left), leaked=leaked, probe=probe,
               internal=internal["errors"], tok_stats=tok.sessions.stats())
 
 
@@ -542,7 +703,11 @@ def controller(args) -> int:
     fe_cmd = [sys.executable, __file__, "--front-end", "--out", str(out), "--seed", str(args.seed),
               "--rate", str(args.rate), "--workers", str(args.workers), "--check", str(args.check),
               "--request-timeout", str(args.request_timeout), "--patience", str(args.patience),
-              "--_corrupt-every", str(args._corrupt_every)]
+              "--_corrupt-every", str(args._corrupt_every), "--kinds", args.kinds]
+    if args.mem_detail:
+        fe_cmd.append("--mem-detail")
+    if args.trim_every:
+        fe_cmd += ["--trim-every", str(args.trim_every)]
     inc = 0
     leaked_after_restart: list[str] = []
     restarts = []
@@ -567,15 +732,15 @@ def controller(args) -> int:
 
     fe, _ = start_front_end()
     t_end = now() + args.minutes * 60
-    faults = dict(FAULTS)
+    faults = {k: w for k, w in FAULTS.items() if args.faults is None or k in args.faults.split(",")}
     if not private_shm:
-        faults.pop("shm_fill")
+        faults.pop("shm_fill", None)
     names, weights = list(faults), list(faults.values())
     quiet_until = now() + 20  # warm-up, no faults
     first_round = rng.sample(names, len(names))  # every fault once, then at random
     while now() < t_end:
         time.sleep(0.2)
-        if now() < quiet_until:
+        if now() < quiet_until or not names:
             continue
         kind = first_round.pop(0) if first_round else rng.choices(names, weights)[0]
         st = status()
@@ -680,14 +845,14 @@ def analyze(out: Path, args, checker, leaked_after_restart, end_names, restarts,
     submitted, answered = {}, {}
     errors, twice, internal, skipped, long_answers = [], 0, 0, 0, 0
     lat = {"quiet": {}, "faults": {}}
-    mem_fe, mem_w, leaked_close = [], {}, []
+    mem_fe, mem_w, leaked_close, details, probes, trims = [], {}, [], [], [], []
     unanswered, died_with_client, oldest_died = [], 0, 0.0
     tok_stats = None
     pool_counts: dict[str, dict] = {}
     for path in sorted(out.glob("fe-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
         inc = int(path.stem.split("-")[1])
         sub, ans, end = {}, {}, None
-        fe_mem = []
+        fe_mem, fe_detail, fe_trim = [], [], []
         for line in path.read_text().splitlines():
             try:
                 r = json.loads(line)
@@ -717,13 +882,29 @@ def analyze(out: Path, args, checker, leaked_after_restart, end_names, restarts,
                 if r.get("pool"):  # the last sample of each pool: its counters
                     pool_counts[r["pool"]["prefix"]] = r["pool"]
                 if r.get("fe"):
-                    fe_mem.append((r["at"], *r["fe"]))
+                    held = r.get("held_mib")
+                    fe_mem.append((r["at"], *r["fe"],
+                                   round(sum(held.values()), 1) if held else None,
+                                   r.get("heap")))
+                if r.get("fe_trimmed"):
+                    fe_trim.append((r["at"], *r["fe_trimmed"], r["trim_ms"]))
+                if r.get("detail"):
+                    fe_detail.append((r["at"], r["detail"]))
                 for pid, m in (r.get("workers") or {}).items():
                     if m:
                         mem_w.setdefault(pid, []).append((r["at"], *m))
             elif t == "end":
                 end = r
         mem_fe.append(fe_mem)
+        if fe_trim:
+            trims.append({"incarnation": inc, "n": len(fe_trim),
+                          "trim_ms_p50": pct([x[3] for x in fe_trim], 0.5),
+                          "trim_ms_max": max(x[3] for x in fe_trim),
+                          "rss_after_trims": [x[1] for x in fe_trim]})
+        if fe_detail:
+            after = [d for d in fe_detail if d[0] - fe_detail[0][0] >= 60] or fe_detail
+            details.append({"seconds": round(after[-1][0] - after[0][0]),
+                            "after_warmup": after[0][1], "end": after[-1][1]})
         for rid, a in ans.items():
             s = sub.get(rid)
             if s is None:
@@ -736,6 +917,8 @@ def analyze(out: Path, args, checker, leaked_after_restart, end_names, restarts,
             leaked_close += [n for names in end["leaked"].values() for n in names]
             internal += end["internal"]
             tok_stats = end["tok_stats"]
+            if end.get("probe"):
+                probes.append({"incarnation": inc, **end["probe"]})
         else:
             killed_at = kills.get(inc, now())
             for rid in missing:
@@ -762,13 +945,33 @@ def analyze(out: Path, args, checker, leaked_after_restart, end_names, restarts,
         if len(s) < 40:
             return None
         first, last = s[:20], s[-20:]
-        return {"seconds": round(s[-1][0] - s[0][0]),
-                "rss_after_warmup": statistics.median(x[1] for x in first),
-                "rss_growth": round(statistics.median(x[1] for x in last)
-                                    - statistics.median(x[1] for x in first), 1),
-                "pss_growth": round(statistics.median(x[2] for x in last)
-                                    - statistics.median(x[2] for x in first), 1),
-                "rss_max": max(x[1] for x in s), "pss_max": max(x[2] for x in s)}
+
+        def growth(i):
+            return round(statistics.median(x[i] for x in last)
+                         - statistics.median(x[i] for x in first), 1)
+
+        def per_min(i, part):  # least-squares slope, MiB a minute
+            xs = [x[0] for x in part]
+            ys = [x[i] for x in part]
+            mx, my = statistics.fmean(xs), statistics.fmean(ys)
+            var = sum((x - mx) ** 2 for x in xs)
+            return round(60 * sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var, 2) if var else None
+
+        out = {"seconds": round(s[-1][0] - s[0][0]),
+               "rss_after_warmup": statistics.median(x[1] for x in first),
+               "rss_end": statistics.median(x[1] for x in last),
+               "rss_growth": growth(1), "pss_growth": growth(2),
+               "rss_per_min": per_min(1, s), "pss_per_min": per_min(2, s),
+               "rss_per_min_last_half": per_min(1, s[len(s) // 2:]),
+               "rss_max": max(x[1] for x in s), "pss_max": max(x[2] for x in s)}
+        if len(s[0]) > 3 and all(x[3] is not None for x in s):  # the front end: what it holds
+            out.update(held_after_warmup=statistics.median(x[3] for x in first),
+                       held_growth=growth(3), held_per_min=per_min(3, s))
+            out["rss_growth_beyond_held"] = round(out["rss_growth"] - out["held_growth"], 1)
+        if len(s[0]) > 4 and all(x[4] is not None for x in s):  # malloc's live bytes
+            out.update(heap_after_warmup=statistics.median(x[4] for x in first),
+                       heap_growth=growth(4), heap_per_min=per_min(4, s))
+        return out
 
     fe_flat = [f for f in (flat(s, 60) for s in mem_fe) if f]
     w_flat = [f for f in (flat(s, 20) for s in mem_w.values()) if f]
@@ -790,7 +993,9 @@ def analyze(out: Path, args, checker, leaked_after_restart, end_names, restarts,
         "leaked": leaked, "leaked_after_close": leaked_close,
         "leaked_after_restart": leaked_after_restart, "left_at_end": end_names,
         "latency_quiet": lat_table(lat["quiet"]), "latency_during_faults": lat_table(lat["faults"]),
-        "front_end_memory_mib": fe_flat, "worker_memory_mib": {
+        "front_end_memory_mib": fe_flat, "front_end_memory_detail": details,
+        "front_end_end_probe_mib": probes, "front_end_trims": trims,
+        "worker_memory_mib": {
             "lifetimes_measured": len(w_flat),
             "max_rss_growth": max((f["rss_growth"] for f in w_flat), default=None),
             "max_pss_growth": max((f["pss_growth"] for f in w_flat), default=None),
@@ -815,6 +1020,14 @@ def main() -> int:
     ap.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "dtok-soak"),
                     help="folder for the spool, samples and report (default: dtok-soak in the "
                          "system's temporary folder)")
+    ap.add_argument("--kinds", default="", help="only these request kinds (comma-separated; "
+                    "default all: " + ",".join(KINDS) + ")")
+    ap.add_argument("--faults", default=None, help="only these faults (comma-separated; '' for "
+                    "none; default all: " + ",".join(FAULTS) + ")")
+    ap.add_argument("--mem-detail", action="store_true", help="every 5 s, where the front end's "
+                    "memory is: anonymous, /dev/shm and file mappings, malloc, gc objects")
+    ap.add_argument("--trim-every", type=float, default=0, help="a diagnostic: the front end "
+                    "calls malloc_trim(0) every S seconds and samples its RSS after it")
     ap.add_argument("--no-namespace", action="store_true")
     ap.add_argument("--in-namespace", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--front-end", action="store_true", help=argparse.SUPPRESS)
