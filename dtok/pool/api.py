@@ -249,12 +249,13 @@ class Pool(Supervision):
         return req.future.result()
 
     def stats(self) -> dict[str, Any]:
-        """Workers (pid, alive, busy, tasks done, PSS), queues, counters, estimates, shared
-        memory in use."""
+        """Workers (pid, alive, starting, busy, tasks done, PSS), queues, counters, estimates,
+        shared memory in use."""
         with self._lock:
             shared, local = self.queues.sizes()
             workers = [{"index": ch.index, "pid": ch.pid, "alive": ch.alive,
-                        "busy": ch.task is not None, "tasks_done": ch.done, "starts": ch.starts,
+                        "starting": bool(ch.ready_by), "busy": ch.task is not None,
+                        "tasks_done": ch.done, "starts": ch.starts,
                         "queued_local": local[ch.index]} for ch in self._channels]
             out = {"name": self.name, "prefix": self.prefix, "encoder": self.encoder_name,
                    "order": self.estimator.order, "aging": self.estimator.aging,

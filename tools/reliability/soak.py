@@ -326,15 +326,11 @@ class PoolHolder:
                 self.outstanding[pool] -= 1
 
     def supervise(self) -> None:
-        """Once a second: a pool with no live or starting worker for 3 s is retired.
-
-        Whether a worker is *starting* is not in ``pool.stats()``; the soak's probe reads it
-        from the pool's channels (``ready_by``), the one private name this tool reads."""
+        """Once a second: a pool with no live or starting worker for 3 s is retired."""
         pool = self.current
         if pool is not None:
             s = pool.stats()
-            dead = not any(w["alive"] for w in s["workers"]) and not any(
-                ch.ready_by for ch in pool._channels)  # noqa: SLF001 - the soak's probe
+            dead = not any(w["alive"] or w["starting"] for w in s["workers"])
             if not dead:
                 self.dead_since = None
             elif self.dead_since is None:
