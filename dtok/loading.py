@@ -66,7 +66,6 @@ def load(files: TokenizerFiles, encoder: str = "auto",
         raise
     # parsed only after the reference has loaded and freed its own parse: a lower peak
     admission = admit(files, files.spec(), reference)
-    _release_free_heap()  # the parse's freed heap, before the fast encoders parse the file again
     notes: list[str] = []
     rules, fast, nfc_by_fast, second, second_classes = None, None, False, None, frozenset()
     if admission.admitted:
