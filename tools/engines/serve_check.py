@@ -55,7 +55,10 @@ def server_env(*, dtok: bool = True, knobs: dict | None = None) -> dict[str, str
     (``dtok=False``) neither."""
     if not dtok:
         return {"DTOK_VLLM": "0"}
-    env = {"DTOK_VLLM": "1", "DTOK_TTFT_SWITCH": "1", "PYTHONPATH": str(SWITCH_DIR)}
+    # this checkout's dtok first (whatever checkout the venv's editable install names), then
+    # the switch
+    env = {"DTOK_VLLM": "1", "DTOK_TTFT_SWITCH": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(SWITCH_DIR)])}
     if knobs:
         env["DTOK_KNOBS"] = json.dumps(knobs)
     return env
