@@ -63,6 +63,32 @@ def stream(tok: dtok.Tokenizer, n: int) -> str:
     return "".join(parts)[:n]
 
 
+# each peer's output as a list of body IDs (outside the timed call)
+PEER_IDS = {"fastokens alone": lambda out: memoryview(out[0]).cast("I").tolist(),
+            "toktier alone": lambda out: list(out.ids)}
+
+
+def load_peers(name: str) -> dict:
+    """What a user would pick instead of dtok's sessions, each encoding the whole text every
+    turn: fastokens alone (caches off) and toktier alone (offline, where installed)."""
+    peers = {}
+    try:
+        import fastokens
+    except ImportError:
+        pass
+    else:
+        fast = fastokens.Tokenizer.from_file(str(SHARED / "tokenizers" / name / "tokenizer.json"))
+        fast.enable_segment_cache(0)
+        peers["fastokens alone"] = lambda t: fast.encode_batch_flat([t], add_special_tokens=False)
+    try:
+        from bench_fast import _toktier
+
+        peers["toktier alone"] = _toktier(name, SHARED / "tokenizers" / name)
+    except ImportError:
+        print(f"# {name}: toktier is not installed (pip install toktier==0.3.0): not measured")
+    return peers
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="*", default=[16_000, 100_000, 1_000_000, 4_000_000])
@@ -75,6 +101,8 @@ def main() -> None:
     ap.add_argument("--patterns", action="store_true",
                     help="results held/dropped/lists, hot and cold caches (see patterns.py)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-peers", action="store_true",
+                    help="do not time fastokens alone and toktier alone beside dtok")
     args = ap.parse_args()
     info = machine()
     print(header(info))
@@ -83,6 +111,7 @@ def main() -> None:
     rows = []
     for name in args.tokenizers:
         base = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name, encoder=args.encoder)
+        peers = {} if args.no_peers else load_peers(name)
         longest = max(args.sizes) + args.appends * args.append_chars
         src = stream(base, longest)
         dtok_at = {}
@@ -101,18 +130,29 @@ def main() -> None:
                 if i % step == 0:
                     kept[i] = bytes(view)  # checked after the loop, so that no reference
                 del view                   # encode runs between two timed appends
+            t_peers: dict[str, list] = {p: [] for p in peers}
+            peer_wrong = {p: 0 for p in peers}  # outputs that differ from the reference's
             for i, got in kept.items():
                 text = src[: size + (i + 1) * args.append_chars]
                 t0 = time.perf_counter()
                 want = tok.reference.encode(text).ids
                 t_ref.append(time.perf_counter() - t0)
                 exact &= got == array("i", want).tobytes()
+                body = tok.reference.encode(text, add_special_tokens=False).ids
+                for peer, encode in peers.items():  # what a user runs instead: all of it
+                    fresh = (text + " ")[:-1]  # no cached UTF-8
+                    t0 = time.perf_counter()
+                    out = encode(fresh)
+                    t_peers[peer].append(time.perf_counter() - t0)
+                    peer_wrong[peer] += PEER_IDS[peer](out) != body
             checked = len(kept)
             st = tok.sessions.stats()
             row = {
                 "tokenizer": name, "session_chars": size, "append_chars": args.append_chars,
                 "appends": args.appends, "exact": exact, "checked_against_reference": checked,
                 "dtok": summary(t_dtok), "reference_full_encode": summary(t_ref),
+                **{f"{p}_full_encode": summary(t) for p, t in t_peers.items()},
+                "peer_wrong": dict(peer_wrong),
                 "repairs": st["repairs"], "fallbacks": st["fallbacks"],
                 "tokens": n_tokens, "id_bytes": st["id_bytes"],
                 "id_mb_per_100k_tokens": st["id_bytes"] / n_tokens * 1e5 / 1e6,
@@ -124,8 +164,9 @@ def main() -> None:
             print(f"{name:7s} {tok.encoder.name:9s} {size:>9,} chars  dtok median {row['dtok']['median_ms']:.3f} ms "
                   f"p99 {row['dtok']['p99_ms']:.3f} ms | reference {row['reference_full_encode']['median_ms']:9.1f} ms "
                   f"(n={checked}) | x{row['ratio']:,.0f} | exact={exact} repairs={st['repairs']} "
-                  f"fallbacks={st['fallbacks']} | {row['id_mb_per_100k_tokens']:.3f} MB IDs/100K tokens",
-                  flush=True)
+                  f"fallbacks={st['fallbacks']} | {row['id_mb_per_100k_tokens']:.3f} MB IDs/100K tokens"
+                  + "".join(f" | {p} {row[p + '_full_encode']['median_ms']:.1f} ms "
+                            f"(wrong {peer_wrong[p]})" for p in peers), flush=True)
         if 16_000 in dtok_at and 1_000_000 in dtok_at:
             flat = dtok_at[1_000_000] / dtok_at[16_000]
             print(f"{name}: flatness 1M/16K = {flat:.2f}")

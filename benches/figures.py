@@ -115,10 +115,13 @@ def context_figure(plt, appends: list[dict], edits: dict | None, out: Path) -> P
         enc = rows[0]["encoder"]
         runs.append(f"appends on {enc} {run['machine']['loadavg_at_start'][0]:.1f}")
         xs = [r["session_chars"] for r in rows]
-        for j, (who, label, style) in enumerate((
-                ("dtok", f"dtok session ({enc})", "o-"),
-                ("reference_full_encode", f"reference full encode ({enc} run)", "s--"))):
-            color = f"C{2 * i + j}"
+        series = [("dtok", f"dtok session ({enc})", "o-"),
+                  ("reference_full_encode", f"reference full encode ({enc} run)", "s--")]
+        if i == 0:  # the peers, each encoding the whole text every turn (one run shows them)
+            series += [(key, f"{key[:-len('_full_encode')]} (whole text)", "x:")
+                       for key in rows[0] if key.endswith("alone_full_encode")]
+        for j, (who, label, style) in enumerate(series):
+            color = f"C{2 * i + j}" if j < 2 else f"C{4 + j}"
             ax.plot(xs, [r[who]["median_ms"] for r in rows], style, color=color,
                     label=f"{label}: median, pale P99")
             ax.plot(xs, [r[who]["p99_ms"] for r in rows], style, color=color, alpha=0.3)
