@@ -159,14 +159,15 @@ def burst_documents(n: int, size: int, rng: random.Random) -> list[str]:
 # --- the client ------------------------------------------------------------------------------
 
 
-def timed_request(url: str, api: str, body: dict, mode: str, sid: str | None) -> dict:
+def timed_request(url: str, api: str, body: dict, mode: str, sid: str | None,
+                  rid: str = "ttft") -> dict:
     """One streaming request: TTFT (s), the prompt IDs vLLM returned, the HTTP status."""
     host, port = url.split("//")[1].split(":")
     path = "/v1/completions" if api == "completions" else "/v1/chat/completions"
     payload = {"model": "tiny", "max_tokens": 1, "stream": True, "return_token_ids": True,
                "temperature": 0.0, **body}
     headers = {"Content-Type": "application/json", "X-TTFT-Mode": mode,
-               "X-Request-Id": f"ttft-{mode}-{random.getrandbits(48):012x}"}
+               "X-Request-Id": f"{rid}-{mode}-{random.getrandbits(48):012x}"}
     if sid:
         headers["X-Session-ID"] = sid
     data = json.dumps(payload).encode()
@@ -378,9 +379,10 @@ def run_phase(srv, work: Workload, reference_ids: dict, args, bursts: list[str] 
                         launch(rep, turn, mode)
                     settle()
             settle()
-            log(f"    repeat {rep}: " + ", ".join(
-                f"{m} {statistics.median(x for t in range(1, args.turns + 1) for x in ttft[(rep, t, m)]) * 1e3:.0f}"
-                for m in args.modes) + " ms (warm medians)")
+            medians = {m: statistics.median(x for t in range(1, args.turns + 1)
+                                            for x in ttft[(rep, t, m)]) for m in args.modes}
+            log(f"    repeat {rep}: " + ", ".join(f"{m} {v * 1e3:.0f}" for m, v in medians.items())
+                + " ms (warm medians)")
     finally:
         if burst:
             burst.__exit__(None, None, None)
@@ -425,12 +427,14 @@ STAMPS = ("tok_call", "exec_start", "exec_end", "tok_done", "add_request", "core
 
 
 def stamps_of(traces: list[dict], modes: list[str]) -> dict:
-    """Per mode, the medians of the server's stamps of the keyed (timed) requests, plus the
+    """Per mode, the medians of the server's stamps of the timed requests (the bench's
+    ``X-Request-Id``: not the warm-up's ``warm-``, not the bursts), plus the
     tokenize call's own span (exec_end - exec_start) and the executor hop (exec_start -
     tok_call)."""
     out = {}
     for m in modes:
-        recs = [r for r in traces if r["mode"] == m and r["keyed"] and "first_output" in r]
+        recs = [r for r in traces if r["mode"] == m and "first_output" in r
+                and (r.get("rid") or "").startswith("ttft-")]
         if not recs:
             continue
         st = {k: round(statistics.median(r[k] for r in recs), 2) for k in STAMPS
@@ -459,20 +463,26 @@ def get_json(url: str, path: str) -> dict:
 
 
 def table() -> None:
-    """Markdown rows of every bench-results/ttft-*.json (the README's table)."""
+    """Markdown rows of every bench-results/ttft-*.json (docs/serving.md's table): per mode
+    median / P99 [per-repeat medians], then dtok - oracle / vllm - oracle paired."""
     from common import RESULTS
 
     for path in sorted(RESULTS.glob("ttft-*.json")):
         d = json.loads(path.read_text())
         a = d["args"]
+        load = [f"{a['sessions']} sessions"] if a.get("sessions", 1) > 1 else []
+        load += [f"Poisson {a['rate']:g}/s"] if a.get("arrivals") == "poisson" else []
         name = " ".join([a["model"], a["api"], "unkeyed" if a["unkeyed"] else "keyed",
-                         f"{a['tokens'] // 1000}K", *a["server_env"], *a["server_arg"]])
+                         f"{a['tokens'] // 1000}K", *load, *a["server_env"], *a["server_arg"]])
         for phase, res in d["phases"].items():
             cells = []
             for m in ("vllm", "dtok", "oracle"):
                 t, reps = res["ttft"][m], res["per_repeat_median_ms"][m]
                 cells.append(f"{t['median_ms']:.0f} / {t['p99_ms']:.0f} "
                              f"[{', '.join(f'{x:.0f}' for x in reps)}]")
+            pair = res["paired_minus_oracle"]
+            cells.append(" / ".join(f"{pair[m]['median_ms']:+.0f} (P99 {pair[m]['p99_ms']:+.0f})"
+                                    for m in ("dtok", "vllm")))
             hook = res.get("dtok_hook_ms", {}).get("median_ms")
             lag = res["lag"]
             print(f"| {name} | {phase} | " + " | ".join(cells)
@@ -549,7 +559,9 @@ def main() -> int:
     lag_path = tmp / "lag-{pid}.json"
     env = {"DTOK_VLLM": "1", "DTOK_VLLM_TOKENIZER": str(model / "tokenizer.json"),
            "DTOK_TTFT_SWITCH": "1", "DTOK_TTFT_ORACLE": str(oracle_path),
-           "PYTHONPATH": os.pathsep.join([str(SWITCH_DIR), str(serve_setup.ROOT)]), "DTOK_LOOP_LAG": str(lag_path),
+           # this checkout's dtok, whatever the venv has installed (PYTHONPATH wins)
+           "PYTHONPATH": os.pathsep.join([str(SWITCH_DIR), str(serve_setup.ROOT)]),
+           "DTOK_LOOP_LAG": str(lag_path),
            "DTOK_STATS_FILE": str(tmp / "dtok-stats-{pid}.json")}
     for item in args.server_env:
         name, _, value = item.partition("=")
@@ -584,7 +596,7 @@ def main() -> int:
         log(f"vllm serve ready in {out['server']['startup_s']} s")
         # warm-up: the shared prefix into the KV cache, dtok built, the oracle table loaded
         for mode in ("oracle", "dtok", "vllm"):
-            r = timed_request(srv.url, works["quiet"].api, warm["body"], mode, None)
+            r = timed_request(srv.url, works["quiet"].api, warm["body"], mode, None, "warm")
             log(f"warm-up ({mode}): HTTP {r['status']}, {r['ttft']:.2f} s")
             if r["status"] != 200:
                 raise RuntimeError(f"warm-up failed: {r.get('detail')!r}")
@@ -602,8 +614,8 @@ def main() -> int:
             timings = after["timings"][calls_before:]
             res["server_stamps"] = stamps_of(after["traces"][traces_before:], args.modes)
             for m, st in res["server_stamps"].items():
-                log(f"  {m:7s} in the server (keyed, medians ms since the handler): " + ", ".join(
-                    f"{k} {v}" for k, v in st.items()))
+                log(f"  {m:7s} in the server (medians, ms since the handler): "
+                    + ", ".join(f"{k} {v}" for k, v in st.items()))
             keyed = sorted(ms for ms, _chars, is_keyed in timings if is_keyed)
             res["dtok_hook_ms"] = {"keyed_calls": len(keyed),
                                    "median_ms": keyed[len(keyed) // 2] if keyed else None,

@@ -218,7 +218,8 @@ def _trace_engine() -> None:
     the first output back."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    add_request, add_core, generate = AsyncLLM.add_request, AsyncLLM._add_request, AsyncLLM.generate
+    add_request, add_core = AsyncLLM.add_request, AsyncLLM._add_request
+    generate = AsyncLLM.generate
 
     async def traced_add_request(self, request_id, *args, **kwargs):
         mark("add_request", _rec_for(request_id))
