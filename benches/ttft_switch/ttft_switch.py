@@ -23,8 +23,9 @@ passes (``gc_ms``, ``gc_full``) in this process between the handler and the firs
 Why the oracle once looked slower than dtok (``dtok - oracle -129 ms``): not its code path. In
 the server its answer took ~0.7 ms (sha1 and a list copy in the executor) against dtok's ~0.7 ms;
 the difference was the workload: each mode's session appended slices of equal *characters*
-from random places of a transcript, and in that run the oracle's slices held 2-4x the tokens of
-dtok's (median 508 against 219 new tokens a turn: tool output and code against prose), and the
+from random places of a transcript, and with the default seed (the same appends in every run,
+hence the same sign in every run) the oracle's slices held 2-4x the tokens of dtok's (median
+508 against 219 new tokens a turn: tool output and code against prose), and the
 engine's prefill over a ~100K-token context costs ~0.55 ms per new token on this CPU (a fit of
 that run's turns: at equal new tokens the oracle was ~45 ms below dtok). The bench now appends
 the same number of tokens in every mode.
