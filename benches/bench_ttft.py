@@ -16,7 +16,8 @@ different text), the modes in a fresh random order every turn, ``--gap`` s apart
 A workload: ``--repeats`` times, a fresh session per mode continues a corpus agent transcript
 of about ``--tokens`` tokens (``/v1/completions``: the rendered transcript; ``/v1/chat/
 completions``: the transcript as messages, rendered by the model's chat template) by
-``--turns`` warm turns of 400-1,300 characters each; keyed (``X-Session-ID``) or unkeyed.
+``--turns`` warm turns of 120-380 tokens each (400-1,300 characters of prose; the same token counts
+for every mode, so the engine prefills the same amount); keyed (``X-Session-ID``) or unkeyed.
 Streaming, ``max_tokens`` 1; TTFT is the time to the first streamed chunk. Phases: quiet, and
 with ``--burst-interval`` s between 1M-character documents (longer than the context: vLLM
 rejects them after tokenizing them), tokenized by the mode of the turn in flight.
@@ -32,8 +33,10 @@ per-round paired differences).
 from __future__ import annotations
 
 import argparse
+import array
 import http.client
 import json
+import os
 import pickle
 import random
 import shutil
@@ -74,13 +77,15 @@ def transcripts(min_chars: int) -> list[list[dict]]:
     return out
 
 
-def appends_for(source: str, rng: random.Random, lengths: list[int]) -> list[str]:
-    """Consecutive slices of ``source`` with the given lengths, from a random start."""
-    start = rng.randrange(0, max(1, len(source) - sum(lengths) - 1))
+def appends_for(source: str, starts: list[int], rng: random.Random,
+                lengths: list[int]) -> list[str]:
+    """Consecutive slices of ``source`` of ``lengths`` tokens each (``starts``: the character
+    offset where each token of ``source`` begins), from a random token."""
+    at = rng.randrange(0, max(1, len(starts) - sum(lengths) - 2))
     out = []
     for n in lengths:
-        out.append(source[start:start + n])
-        start += n
+        out.append(source[starts[at]:starts[at + n]])
+        at += n
     return out
 
 
@@ -99,13 +104,17 @@ class Workload:
         else:
             raise SystemExit(f"no corpus transcript has {args.tokens + 4_000} tokens")
         want = enc.offsets[args.tokens][0]  # the text of about --tokens tokens
-        tail_source = rendered[want:]  # the appends continue the transcript's text
-        self.requests: dict[tuple[int, str], list[dict]] = {}
+        tail_source = rendered[want:want + 400_000]  # the appends continue the transcript
+        # the modes' appends: different text, the same number of tokens (the engine's prefill
+        # work; equal character counts gave one mode up to 4x the new tokens of another)
+        starts = [a for a, _b in reference.encode(tail_source, add_special_tokens=False).offsets]
+        self.requests: dict[tuple[int, str, int], list[dict]] = {}  # (repeat, mode, session)
         for rep in range(args.repeats):
-            lengths = [rng.randint(400, 1300) for _ in range(args.turns + 1)]
-            for mode in args.modes:
-                pieces = appends_for(tail_source, rng, lengths)
-                sid = f"{phase}-{rep}-{mode}-{rng.getrandbits(32):08x}"
+            # 400-1,300 characters at ~3.4 characters a token
+            lengths = [rng.randint(120, 380) for _ in range(args.turns + 1)]
+            for mode, session in ((m, n) for m in args.modes for n in range(args.sessions)):
+                pieces = appends_for(tail_source, starts, rng, lengths)
+                sid = f"{phase}-{rep}-{mode}-{session}-{rng.getrandbits(32):08x}"
                 turns = []
                 if self.api == "completions":
                     text = rendered[:want]
@@ -122,7 +131,7 @@ class Workload:
                                                       add_generation_prompt=True)
                         turns.append({"sid": sid, "body": {"messages": convo}, "text": text,
                                       "special": False})
-                self.requests[(rep, mode)] = turns
+                self.requests[(rep, mode, session)] = turns
 
     @staticmethod
     def _messages_upto(messages: list[dict], chars: int) -> list[dict]:
@@ -150,13 +159,15 @@ def burst_documents(n: int, size: int, rng: random.Random) -> list[str]:
 # --- the client ------------------------------------------------------------------------------
 
 
-def timed_request(url: str, api: str, body: dict, mode: str, sid: str | None) -> dict:
+def timed_request(url: str, api: str, body: dict, mode: str, sid: str | None,
+                  rid: str = "ttft") -> dict:
     """One streaming request: TTFT (s), the prompt IDs vLLM returned, the HTTP status."""
     host, port = url.split("//")[1].split(":")
     path = "/v1/completions" if api == "completions" else "/v1/chat/completions"
     payload = {"model": "tiny", "max_tokens": 1, "stream": True, "return_token_ids": True,
                "temperature": 0.0, **body}
-    headers = {"Content-Type": "application/json", "X-TTFT-Mode": mode}
+    headers = {"Content-Type": "application/json", "X-TTFT-Mode": mode,
+               "X-Request-Id": f"{rid}-{mode}-{random.getrandbits(48):012x}"}
     if sid:
         headers["X-Session-ID"] = sid
     data = json.dumps(payload).encode()
@@ -270,19 +281,70 @@ def lag_window(before: dict | None, after: dict | None, spans: list) -> dict:
 
 def run_phase(srv, work: Workload, reference_ids: dict, args, bursts: list[str] | None,
               lag_path: Path, log) -> dict:
-    """Every repeat's sessions; TTFT per (repeat, turn, mode). Quiet: the modes take turns, in a
+    """Every repeat's sessions; TTFT per (repeat, turn, mode): with ``--sessions`` N, a wave of
+    N concurrent requests (one per session of that mode), paired with the oracle's wave by rank
+    (the k-th fastest with the k-th fastest). Quiet: the modes take turns, in a
     fresh random order every round (a fixed rotation would give each mode the same predecessor,
     whose leftover work the next request pays). With bursts: blocks, one mode's whole session
     at a time (the bursts of a block tokenized by that mode: a burst's tokenization delays the
     requests after it, whatever their mode), the blocks of a repeat in random order."""
-    ttft: dict[tuple[int, int, str], float] = {}
+    ttft: dict[tuple[int, int, str], list[float]] = {}  # sorted, one per session
     mismatches, spans, raw = [], [], []
     order_rng = random.Random(args.seed + rep_seed(work))
     before = lag_snapshot(lag_path)
     burst = Bursts(srv.url, bursts, args.burst_interval) if bursts else None
 
     def one(rep: int, turn: int, mode: str) -> None:
-        req = work.requests[(rep, mode)][turn]
+        if args.sessions == 1:
+            ttft[(rep, turn, mode)] = [request(rep, turn, mode, 0)]
+        else:
+            got = [0.0] * args.sessions
+            threads = [threading.Thread(target=lambda n=n: got.__setitem__(
+                n, request(rep, turn, mode, n))) for n in range(args.sessions)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if not all(got):
+                raise RuntimeError(f"{mode} turn {turn}: a session's request failed")
+            ttft[(rep, turn, mode)] = sorted(got)
+        if args.arrivals == "closed":
+            time.sleep(args.gap)
+
+    arrivals_rng = random.Random(args.seed + 1)
+    sessions_last: dict[tuple[int, str], threading.Thread] = {}
+    errors: list[BaseException] = []
+
+    def launch(rep: int, turn: int, mode: str) -> None:
+        """Closed loop: send now, wait for it, then ``--gap``. Poisson: wait an exponential
+        interarrival time (mean 1 / ``--rate`` s), then send from a thread, after the same
+        session's previous turn has finished (an agent sends its next turn only then)."""
+        if args.arrivals == "closed":
+            one(rep, turn, mode)
+            return
+        time.sleep(arrivals_rng.expovariate(args.rate))
+        previous = sessions_last.get((rep, mode))
+
+        def run() -> None:
+            if previous is not None:
+                previous.join()
+            try:
+                one(rep, turn, mode)
+            except BaseException as exc:  # noqa: BLE001 - raised in the main thread
+                errors.append(exc)
+
+        sessions_last[(rep, mode)] = t = threading.Thread(target=run, daemon=True)
+        t.start()
+
+    def settle() -> None:
+        for t in list(sessions_last.values()):
+            t.join()
+        sessions_last.clear()
+        if errors:
+            raise errors[0]
+
+    def request(rep: int, turn: int, mode: str, session: int) -> float:
+        req = work.requests[(rep, mode, session)][turn]
         t_wall = time.time()
         r = timed_request(srv.url, work.api, req["body"], mode,
                           req["sid"] if work.keyed else None)
@@ -290,16 +352,16 @@ def run_phase(srv, work: Workload, reference_ids: dict, args, bursts: list[str] 
         if r["status"] != 200 or r["ttft"] is None:
             raise RuntimeError(f"{mode} turn {turn}: HTTP {r['status']} {r.get('detail')!r}")
         want = reference_ids[oracle_key(req["text"], req["special"])]
-        if r["ids"] != want:
+        if r["ids"] is None or array.array("i", r["ids"]) != want:
             first = next((i for i, (a, b) in enumerate(zip(r["ids"] or [], want)) if a != b),
                          min(len(r["ids"] or []), len(want)))
-            mismatches.append({"mode": mode, "rep": rep, "turn": turn, "first_diff": first,
+            mismatches.append({"mode": mode, "rep": rep, "turn": turn, "session": session,
+                               "first_diff": first,
                                "got": len(r["ids"] or []), "want": len(want)})
             print(f"MISMATCH: {mismatches[-1]}", flush=True)
-        ttft[(rep, turn, mode)] = r["ttft"]
-        raw.append({"rep": rep, "turn": turn, "mode": mode,
+        raw.append({"rep": rep, "turn": turn, "mode": mode, "session": session,
                     "ttft_ms": round(r["ttft"] * 1e3, 2), "tokens": len(want)})
-        time.sleep(args.gap)
+        return r["ttft"]
 
     if burst:
         burst.__enter__()
@@ -308,34 +370,39 @@ def run_phase(srv, work: Workload, reference_ids: dict, args, bursts: list[str] 
             if burst is None:
                 for turn in range(args.turns + 1):
                     for mode in order_rng.sample(args.modes, len(args.modes)):
-                        one(rep, turn, mode)
+                        launch(rep, turn, mode)
             else:
                 for mode in order_rng.sample(args.modes, len(args.modes)):
                     burst.mode = mode
                     time.sleep(args.burst_interval)  # the last block's bursts finish
                     for turn in range(args.turns + 1):
-                        one(rep, turn, mode)
-            log(f"    repeat {rep}: " + ", ".join(
-                f"{m} {statistics.median(ttft[(rep, t, m)] for t in range(1, args.turns + 1)) * 1e3:.0f}"
-                for m in args.modes) + " ms (warm medians)")
+                        launch(rep, turn, mode)
+                    settle()
+            settle()
+            medians = {m: statistics.median(x for t in range(1, args.turns + 1)
+                                            for x in ttft[(rep, t, m)]) for m in args.modes}
+            log(f"    repeat {rep}: " + ", ".join(f"{m} {v * 1e3:.0f}" for m, v in medians.items())
+                + " ms (warm medians)")
     finally:
         if burst:
             burst.__exit__(None, None, None)
     time.sleep(1.5)  # the probe writes every second
     lag = lag_window(before, lag_snapshot(lag_path), spans)
     warm = [(rep, t) for rep in range(args.repeats) for t in range(1, args.turns + 1)]
-    results = {m: [ttft[(rep, t, m)] for rep, t in warm] for m in args.modes}
-    paired = {m: [ttft[(rep, t, m)] - ttft[(rep, t, "oracle")] for rep, t in warm]
+    results = {m: [x for rep, t in warm for x in ttft[(rep, t, m)]] for m in args.modes}
+    paired = {m: [a - b for rep, t in warm for a, b in zip(ttft[(rep, t, m)],
+                                                           ttft[(rep, t, "oracle")])]
               for m in args.modes if m != "oracle"}
+    per_rep = args.turns * args.sessions
     return {"ttft": {m: stats_of(v) for m, v in results.items()},
             "per_repeat_median_ms": {m: [round(statistics.median(
-                v[i * args.turns:(i + 1) * args.turns]) * 1e3, 1) for i in range(args.repeats)]
+                v[i * per_rep:(i + 1) * per_rep]) * 1e3, 1) for i in range(args.repeats)]
                 for m, v in results.items()},
             "paired_minus_oracle": {m: stats_of(v) for m, v in paired.items()},
             "paired_minus_oracle_per_repeat_ms": {m: [round(statistics.median(
-                v[i * args.turns:(i + 1) * args.turns]) * 1e3, 1) for i in range(args.repeats)]
+                v[i * per_rep:(i + 1) * per_rep]) * 1e3, 1) for i in range(args.repeats)]
                 for m, v in paired.items()},
-            "design": "blocks" if burst else "rounds",
+            "design": "blocks" if burst else "rounds", "arrivals": args.arrivals,
             "mismatches": mismatches, "lag": lag, "samples": raw,
             "bursts": None if not burst else {"sent": burst.sent, "of": len(bursts),
                                               "statuses": {str(k): v for k, v in
@@ -355,6 +422,34 @@ def stats_of(samples: list[float]) -> dict:
             "min_ms": round(ms[0], 1), "max_ms": round(ms[-1], 1), "n": len(ms)}
 
 
+STAMPS = ("tok_call", "exec_start", "exec_end", "tok_done", "add_request", "core_sent",
+          "first_output", "gc_ms", "gc_full")
+
+
+def stamps_of(traces: list[dict], modes: list[str]) -> dict:
+    """Per mode, the medians of the server's stamps of the timed requests (the bench's
+    ``X-Request-Id``: not the warm-up's ``warm-``, not the bursts), plus the
+    tokenize call's own span (exec_end - exec_start) and the executor hop (exec_start -
+    tok_call)."""
+    out = {}
+    for m in modes:
+        recs = [r for r in traces if r["mode"] == m and "first_output" in r
+                and (r.get("rid") or "").startswith("ttft-")]
+        if not recs:
+            continue
+        st = {k: round(statistics.median(r[k] for r in recs), 2) for k in STAMPS
+              if all(k in r for r in recs)}
+        if all("exec_start" in r and "tok_call" in r for r in recs):
+            st["hop"] = round(statistics.median(r["exec_start"] - r["tok_call"] for r in recs), 2)
+            st["tokenize"] = round(statistics.median(r["exec_end"] - r["exec_start"]
+                                                     for r in recs), 2)
+            st["after_tok"] = round(statistics.median(r["add_request"] - r["tok_done"]
+                                                      for r in recs if "add_request" in r), 2)
+        st["n"] = len(recs)
+        out[m] = st
+    return out
+
+
 def get_json(url: str, path: str) -> dict:
     host, port = url.split("//")[1].split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
@@ -368,20 +463,26 @@ def get_json(url: str, path: str) -> dict:
 
 
 def table() -> None:
-    """Markdown rows of every bench-results/ttft-*.json (the README's table)."""
+    """Markdown rows of every bench-results/ttft-*.json (docs/serving.md's table): per mode
+    median / P99 [per-repeat medians], then dtok - oracle / vllm - oracle paired."""
     from common import RESULTS
 
     for path in sorted(RESULTS.glob("ttft-*.json")):
         d = json.loads(path.read_text())
         a = d["args"]
+        load = [f"{a['sessions']} sessions"] if a.get("sessions", 1) > 1 else []
+        load += [f"Poisson {a['rate']:g}/s"] if a.get("arrivals") == "poisson" else []
         name = " ".join([a["model"], a["api"], "unkeyed" if a["unkeyed"] else "keyed",
-                         f"{a['tokens'] // 1000}K", *a["server_env"], *a["server_arg"]])
+                         f"{a['tokens'] // 1000}K", *load, *a["server_env"], *a["server_arg"]])
         for phase, res in d["phases"].items():
             cells = []
             for m in ("vllm", "dtok", "oracle"):
                 t, reps = res["ttft"][m], res["per_repeat_median_ms"][m]
                 cells.append(f"{t['median_ms']:.0f} / {t['p99_ms']:.0f} "
                              f"[{', '.join(f'{x:.0f}' for x in reps)}]")
+            pair = res["paired_minus_oracle"]
+            cells.append(" / ".join(f"{pair[m]['median_ms']:+.0f} (P99 {pair[m]['p99_ms']:+.0f})"
+                                    for m in ("dtok", "vllm")))
             hook = res.get("dtok_hook_ms", {}).get("median_ms")
             lag = res["lag"]
             print(f"| {name} | {phase} | " + " | ".join(cells)
@@ -401,6 +502,12 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=8, help="warm turns per session")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--modes", nargs="*", default=["vllm", "dtok", "oracle"])
+    ap.add_argument("--sessions", type=int, default=1,
+                    help="concurrent sessions per mode: each turn, a wave of one request each")
+    ap.add_argument("--arrivals", default="closed", choices=["closed", "poisson"],
+                    help="closed: each request after the last one and --gap; poisson: requests "
+                         "at exponential intervals of mean 1/--rate s (overlapping)")
+    ap.add_argument("--rate", type=float, default=2.0, help="poisson arrivals per second")
     ap.add_argument("--burst-interval", type=float, default=1.5)
     ap.add_argument("--gap", type=float, default=0.1,
                     help="seconds between two timed requests (the server settles)")
@@ -452,7 +559,9 @@ def main() -> int:
     lag_path = tmp / "lag-{pid}.json"
     env = {"DTOK_VLLM": "1", "DTOK_VLLM_TOKENIZER": str(model / "tokenizer.json"),
            "DTOK_TTFT_SWITCH": "1", "DTOK_TTFT_ORACLE": str(oracle_path),
-           "PYTHONPATH": str(SWITCH_DIR), "DTOK_LOOP_LAG": str(lag_path),
+           # this checkout's dtok, whatever the venv has installed (PYTHONPATH wins)
+           "PYTHONPATH": os.pathsep.join([str(SWITCH_DIR), str(serve_setup.ROOT)]),
+           "DTOK_LOOP_LAG": str(lag_path),
            "DTOK_STATS_FILE": str(tmp / "dtok-stats-{pid}.json")}
     for item in args.server_env:
         name, _, value = item.partition("=")
@@ -469,16 +578,16 @@ def main() -> int:
         reference_ids, oracle = {}, {}
         cap = 131072 + 2
         for phase, work in works.items():
-            for (rep, mode), turns in work.requests.items():
+            for (rep, mode, _session), turns in work.requests.items():
                 for req in turns:
                     key = oracle_key(req["text"], req["special"])
                     ids = reference.encode(req["text"], add_special_tokens=req["special"]).ids
-                    reference_ids[key] = ids
+                    reference_ids[key] = array.array("i", ids)  # 4 bytes an ID, not 36
                     if mode == "oracle":
                         oracle[key] = ids
         for doc in docs:
             oracle[oracle_key(doc, True)] = reference.encode(doc).ids[:cap]
-        warm = works["quiet"].requests[(0, "oracle")][0]
+        warm = works["quiet"].requests[(0, "oracle", 0)][0]
         with open(oracle_path, "wb") as f:
             pickle.dump(oracle, f, protocol=pickle.HIGHEST_PROTOCOL)
         log(f"reference IDs: {len(reference_ids)} prompts, oracle table {len(oracle)} entries")
@@ -487,7 +596,7 @@ def main() -> int:
         log(f"vllm serve ready in {out['server']['startup_s']} s")
         # warm-up: the shared prefix into the KV cache, dtok built, the oracle table loaded
         for mode in ("oracle", "dtok", "vllm"):
-            r = timed_request(srv.url, works["quiet"].api, warm["body"], mode, None)
+            r = timed_request(srv.url, works["quiet"].api, warm["body"], mode, None, "warm")
             log(f"warm-up ({mode}): HTTP {r['status']}, {r['ttft']:.2f} s")
             if r["status"] != 200:
                 raise RuntimeError(f"warm-up failed: {r.get('detail')!r}")
@@ -495,12 +604,18 @@ def main() -> int:
         for phase, work in works.items():
             log(f"phase {phase}")
             lag_file = Path(str(lag_path).replace("{pid}", str(_api_pid(srv, tmp))))
-            calls_before = len(get_json(srv.url, "/ttft_switch")["timings"])
+            before = get_json(srv.url, "/ttft_switch")
+            calls_before, traces_before = len(before["timings"]), len(before["traces"])
             out["phases"][phase] = run_phase(srv, work, reference_ids, args,
                                              docs if phase == "bursts" else None, lag_file, log)
             res = out["phases"][phase]
             # dtok's own time inside the server: keyed calls (the sessions' turns) of this phase
-            timings = get_json(srv.url, "/ttft_switch")["timings"][calls_before:]
+            after = get_json(srv.url, "/ttft_switch")
+            timings = after["timings"][calls_before:]
+            res["server_stamps"] = stamps_of(after["traces"][traces_before:], args.modes)
+            for m, st in res["server_stamps"].items():
+                log(f"  {m:7s} in the server (medians, ms since the handler): "
+                    + ", ".join(f"{k} {v}" for k, v in st.items()))
             keyed = sorted(ms for ms, _chars, is_keyed in timings if is_keyed)
             res["dtok_hook_ms"] = {"keyed_calls": len(keyed),
                                    "median_ms": keyed[len(keyed) // 2] if keyed else None,
@@ -536,6 +651,8 @@ def main() -> int:
     mismatches = sum(len(p["mismatches"]) for p in out["phases"].values())
     variant = "".join("-" + "".join(c for c in item.lower() if c.isalnum())
                       for item in args.server_env + args.server_arg)
+    variant += f"-s{args.sessions}" if args.sessions > 1 else ""
+    variant += f"-poisson{args.rate:g}" if args.arrivals == "poisson" else ""
     name = f"ttft-{args.model}-{args.api}-{'unkeyed' if args.unkeyed else 'keyed'}-" \
            f"{args.tokens // 1000}k{variant}{'-quick' if args.quick else ''}.json"
     log(f"wrote {write_json(name, out)}")

@@ -219,11 +219,11 @@ def ttft_figure(plt, runs: list[tuple[str, dict]], out: Path) -> Path:
         ax.bar(xs, med, width, color=f"C{j}", label=f"{labels[mode]} (solid: median, pale: P99)")
         for x, m in zip(xs, med):
             ax.text(x, m, f"{m:.0f}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(groups)), [f"{name}\n{phase}" for name, phase, _ in groups],
-                  fontsize=8)
-    ax.set_ylabel("warm-turn TTFT, ms")
-    n = groups[0][2]["ttft"]["dtok"]["n"] if groups else 0
-    ax.set_title(f"warm turns of agent sessions in a real vllm serve ({n} per mode and phase)")
+    ax.set_xticks(range(len(groups)), [f"{name}\n{phase} (n={res['ttft']['dtok']['n']})"
+                                       for name, phase, res in groups], fontsize=7)
+    ax.set_yscale("log")  # 16 concurrent sessions: seconds; one session: ~200 ms
+    ax.set_ylabel("warm-turn TTFT, ms (log)")
+    ax.set_title("warm turns of agent sessions in a real vllm serve (n: turns per mode)")
     ax.legend(fontsize=7)
     fig.suptitle(f"{_machine(runs[0][1])}; load at the start of each run: "
                  f"{_loads(*(d for _, d in runs))}", fontsize=8)
@@ -237,8 +237,12 @@ def ttft_figure(plt, runs: list[tuple[str, dict]], out: Path) -> Path:
 def _ttft_name(d: dict) -> str:
     """A run's configuration, as bench_ttft.py --table names it (one line per server flag)."""
     a = d["args"]
+    load = [f"{a['sessions']} sessions"] if a.get("sessions", 1) > 1 else []
+    if a.get("arrivals", "closed") == "poisson":
+        load.append(f"Poisson {a['rate']:g}/s")
     return "\n".join([" ".join([a["model"], a["api"], "unkeyed" if a["unkeyed"] else "keyed",
-                                f"{a['tokens'] // 1000}K"]), *a["server_env"], *a["server_arg"]])
+                                f"{a['tokens'] // 1000}K"]), *load, *a["server_env"],
+                      *a["server_arg"]])
 
 
 def main() -> None:
