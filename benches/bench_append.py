@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import SHARED, corpus, header, machine, summary, write_json  # noqa: E402
 import patterns  # noqa: E402
+from bench_fast import AS_LIST, load_toktier, peers as fast_peers  # noqa: E402
 
 import dtok  # noqa: E402
 from dtok.chat import detect_style, render_turns  # noqa: E402
@@ -63,30 +64,17 @@ def stream(tok: dtok.Tokenizer, n: int) -> str:
     return "".join(parts)[:n]
 
 
-# each peer's output as a list of body IDs (outside the timed call)
-PEER_IDS = {"fastokens alone": lambda out: memoryview(out[0]).cast("I").tolist(),
-            "toktier alone": lambda out: list(out.ids)}
-
-
 def load_peers(name: str) -> dict:
     """What a user would pick instead of dtok's sessions, each encoding the whole text every
-    turn: fastokens alone (caches off) and toktier alone (offline, where installed)."""
-    peers = {}
+    turn, as bench_fast.py loads them: fastokens alone and toktier alone (offline, where
+    installed). Keys: the labels printed; ``AS_LIST[label.split()[0]]`` reads an output."""
+    path = SHARED / "tokenizers" / name
+    out = {"fastokens alone": fast_peers(path, False)["fastokens"]}
     try:
-        import fastokens
-    except ImportError:
-        pass
-    else:
-        fast = fastokens.Tokenizer.from_file(str(SHARED / "tokenizers" / name / "tokenizer.json"))
-        fast.enable_segment_cache(0)
-        peers["fastokens alone"] = lambda t: fast.encode_batch_flat([t], add_special_tokens=False)
-    try:
-        from bench_fast import _toktier
-
-        peers["toktier alone"] = _toktier(name, SHARED / "tokenizers" / name)
+        out["toktier alone"] = load_toktier(name, path)
     except ImportError:
         print(f"# {name}: toktier is not installed (pip install toktier==0.3.0): not measured")
-    return peers
+    return out
 
 
 def main() -> None:
@@ -138,13 +126,14 @@ def main() -> None:
                 want = tok.reference.encode(text).ids
                 t_ref.append(time.perf_counter() - t0)
                 exact &= got == array("i", want).tobytes()
-                body = tok.reference.encode(text, add_special_tokens=False).ids
+                a = tok.admission
+                body = want[len(a.prefix):len(want) - len(a.suffix)]  # no post-processing
                 for peer, encode in peers.items():  # what a user runs instead: all of it
                     fresh = (text + " ")[:-1]  # no cached UTF-8
                     t0 = time.perf_counter()
                     out = encode(fresh)
                     t_peers[peer].append(time.perf_counter() - t0)
-                    peer_wrong[peer] += PEER_IDS[peer](out) != body
+                    peer_wrong[peer] += AS_LIST[peer.split()[0]](out) != body
             checked = len(kept)
             st = tok.sessions.stats()
             row = {

@@ -74,7 +74,7 @@ def timed(fn):
     return time.perf_counter() - t0, out
 
 
-def _toktier(name: str, path: Path):
+def load_toktier(name: str, path: Path):
     """toktier 0.3.0, offline: a manifest entry with ``local_dir`` and the SHA-256s toktier
     ships for the file (only the files the shared copy has), its artifact store filled by
     ``LocalDirectorySource`` (no hub), then loaded with ``TOKTIER_OFFLINE=1``; CPU only."""
@@ -139,7 +139,7 @@ def peers(path: Path, with_others: bool, name: str = "") -> dict:
         return lambda d: bt.encode(d, add_special_tokens=False)
 
     for label, make in (("gigatoken", gigatoken_), ("basetenkenizer", basetenkenizer_),
-                        ("toktier", lambda: _toktier(name, path))):
+                        ("toktier", lambda: load_toktier(name, path))):
         try:
             out[label] = make()
         except Exception as exc:  # not installed, or refuses the file

@@ -75,7 +75,7 @@ class PieceEncoder:
         self.literal = loaded.literal
         self._literal_starts = tuple({t[:2] for t in loaded.admission.special_tokens}) \
             if loaded.literal is not None else ()
-        self._check_literal = True  # private hook of the control (tests/test_specials.py)
+        self._check_literal = True  # private hook of the control (tests/test_literal_specials.py)
         self._pieces = {"fast": 0, "reference": 0, "second": 0}
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
