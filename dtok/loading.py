@@ -74,7 +74,7 @@ def load(files: TokenizerFiles, encoder: str = "auto",
         # with encode_special_tokens the reference matches only the added tokens not marked
         # special: those are the boundaries the cut rules know
         literal_set = set(admission.special_tokens) if encode_special_tokens else set()
-        specials = SpecialMatcher([t for t in admission.added_tokens if t not in literal_set])
+        specials = SpecialMatcher([s for s in admission.added_tokens if s not in literal_set])
         normalize = reference.normalizer.normalize_str if admission.nfc else None
         if encoder != "reference":
             def json_text() -> str:  # made for each encoder and dropped: a lower peak
