@@ -18,12 +18,12 @@ Anything else is encoded by the reference, whole, and :attr:`Admission.reasons` 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dtok.digests import sha256
 from dtok.families import identify
 
 
@@ -60,7 +60,7 @@ class TokenizerFiles:
 
     def __post_init__(self) -> None:
         if not self.sha256:
-            object.__setattr__(self, "sha256", hashlib.sha256(self.raw).hexdigest())
+            object.__setattr__(self, "sha256", sha256(self.raw).hexdigest())
 
     def released(self) -> "TokenizerFiles":
         """The same description without the file's bytes (path, config and SHA-256 kept)."""

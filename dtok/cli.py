@@ -380,7 +380,7 @@ def cmd_guards(args) -> int:
 
     tok = _load(args.path, need_admitted=True, encoder="reference")
     try:
-        fast = FastEncoder(tok.tokenizer_json().decode("utf-8"), tok.reference)
+        fast = FastEncoder(tok.tokenizer_json(), tok.reference)
     except FastEncoderError as exc:
         raise CliError(str(exc)) from None
     a = tok.admission

@@ -77,12 +77,12 @@ def load(files: TokenizerFiles, encoder: str = "auto",
         specials = SpecialMatcher([s for s in admission.added_tokens if s not in literal_set])
         normalize = reference.normalizer.normalize_str if admission.nfc else None
         if encoder != "reference":
-            def json_text() -> str:  # made for each encoder and dropped: a lower peak
-                return (files.raw or reference.to_str().encode("utf-8")).decode("utf-8")
+            def json_bytes() -> bytes:  # made for each encoder and dropped: a lower peak
+                return files.raw or reference.to_str().encode("utf-8")
 
-            fast, guard = _load_fast(files, json_text, reference, admission, encoder == "fast",
+            fast, guard = _load_fast(files, json_bytes, reference, admission, encoder == "fast",
                                      notes)
-            giga, giga_guard = _load_giga(json_text, reference, admission, fast is not None,
+            giga, giga_guard = _load_giga(json_bytes, reference, admission, fast is not None,
                                           notes)
             if fast is None and giga is not None:  # gigatoken is the only one
                 fast, guard, giga = giga, giga_guard, None
@@ -114,7 +114,7 @@ def load(files: TokenizerFiles, encoder: str = "auto",
     return loaded
 
 
-def _load_fast(files: TokenizerFiles, json_text, reference, admission: Admission,
+def _load_fast(files: TokenizerFiles, json_bytes, reference, admission: Admission,
                strict: bool, notes: list[str]):
     """The fast encoder and its guard table, or (None, None) and a note saying why not."""
     version = fastokens_version()
@@ -124,7 +124,7 @@ def _load_fast(files: TokenizerFiles, json_text, reference, admission: Admission
                      else "no guard table for this file and versions (build one: dtok guards PATH)")
         return None, None
     try:
-        fast = FastEncoder(json_text(), reference)
+        fast = FastEncoder(json_bytes(), reference)
     except FastEncoderError as exc:
         if strict:
             raise
@@ -145,7 +145,7 @@ def _load_fast(files: TokenizerFiles, json_text, reference, admission: Admission
     return fast, guard
 
 
-def _load_giga(json_text, reference, admission: Admission, fast_loaded: bool,
+def _load_giga(json_bytes, reference, admission: Admission, fast_loaded: bool,
                notes: list[str]):
     """gigatoken and its guard table, where a table was built and (next to fastokens) it
     measured faster on some text class; else (None, None), with a note."""
@@ -166,7 +166,7 @@ def _load_giga(json_text, reference, admission: Admission, fast_loaded: bool,
                      f"fastokens on any text class: {guard.speed})")
         return None, None
     try:
-        giga = GigaEncoder(json_text(), reference)
+        giga = GigaEncoder(json_bytes(), reference)
     except FastEncoderError as exc:
         notes.append(f"gigatoken refused: {exc}")
         return None, None

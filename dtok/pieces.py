@@ -11,14 +11,16 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dtok.chunking import Chunker, split_at
 from dtok.encoders import ReferenceEncoder
 from dtok.loading import Lane, Loaded
 from dtok_ext.buffers import IdBuffer, ids_from_list
 from dtok_ext.cuts import ROUTE_FAST
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 __all__ = ["PieceEncoder", "text_class", "available_cpus"]
 
@@ -299,6 +301,9 @@ class PieceEncoder:
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._executor is None:
+            # imported when first needed: 1 MiB of RSS in a process that encodes on one thread
+            from concurrent.futures import ThreadPoolExecutor
+
             with self._lock:
                 if self._executor is None:
                     ex = ThreadPoolExecutor(self.threads, thread_name_prefix="dtok-encode")

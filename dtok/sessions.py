@@ -31,7 +31,6 @@ text it shares.
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 import sys
@@ -40,6 +39,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Hashable
 
+from dtok.digests import blake2b
 from dtok.repair import Anchors, Plan, Planner, execute
 from dtok_ext.align import fingerprints
 from dtok_ext.buffers import IdBuffer, IdList
@@ -157,7 +157,7 @@ class ContentIndex:
         never match (repr: the scope's values, unambiguous for str, int, None and tuples)."""
         if scope is None:
             return self._key
-        h = hashlib.blake2b(repr(scope).encode("utf-8", "surrogatepass"), digest_size=8,
+        h = blake2b(repr(scope).encode("utf-8", "surrogatepass"), digest_size=8,
                             key=self._secret)
         return int.from_bytes(h.digest(), "little")
 

@@ -130,25 +130,27 @@ def test_fast_encoder_refuses_a_different_file():
     other = Tokenizer.from_str(base.tokenizer_json().decode())
     other.add_tokens([AddedToken("<extra>", special=True)])
     with pytest.raises(FastEncoderError, match="vocabulary size|added tokens"):
-        FastEncoder(base.tokenizer_json().decode(), other)
+        FastEncoder(base.tokenizer_json(), other)
 
 
 def test_cache_variables_are_kept_out(monkeypatch):
     import fastokens
 
     seen = {}
-    real = fastokens.Tokenizer.from_json_str
+    def spy(real):
+        def load(raw, *a, **k):
+            seen.update({v: os.environ.get(v) for v in ("FASTOKENS_INPUT_CACHE",
+                                                         "FASTOKENS_SEGMENT_CACHE")})
+            return real(raw, *a, **k)
+        return staticmethod(load)
 
-    def spy(raw, *a, **k):
-        seen.update({v: os.environ.get(v) for v in ("FASTOKENS_INPUT_CACHE",
-                                                     "FASTOKENS_SEGMENT_CACHE")})
-        return real(raw, *a, **k)
-
-    monkeypatch.setattr(fastokens.Tokenizer, "from_json_str", staticmethod(spy))
+    # from a memory file where the system has them, else from a str
+    for name in ("from_file", "from_json_str"):
+        monkeypatch.setattr(fastokens.Tokenizer, name, spy(getattr(fastokens.Tokenizer, name)))
     monkeypatch.setenv("FASTOKENS_INPUT_CACHE", "1")
     monkeypatch.setenv("FASTOKENS_SEGMENT_CACHE", "64")
     base = load_tokenizer("llama3")
-    enc = FastEncoder(base.tokenizer_json().decode(), base.reference)
+    enc = FastEncoder(base.tokenizer_json(), base.reference)
     assert seen == {"FASTOKENS_INPUT_CACHE": None, "FASTOKENS_SEGMENT_CACHE": None}
     assert os.environ["FASTOKENS_INPUT_CACHE"] == "1"  # restored for the caller
     assert enc.native.segment_cache_stats() is None
@@ -433,7 +435,7 @@ def with_giga(tok: dtok.Tokenizer, classes=("latin", "other"), guarded: bool = T
         nfc = True
     normalize = tok.reference.normalizer.normalize_str if tok.admission.nfc else None
     clone = tok.with_knobs()
-    clone.pieces.second = Lane(GigaEncoder(tok.tokenizer_json().decode(), tok.reference, renew_chars),
+    clone.pieces.second = Lane(GigaEncoder(tok.tokenizer_json(), tok.reference, renew_chars),
                          CutRules(table, fam.accept, tok.rules.specials, normalize), nfc)
     clone.pieces.second_classes = frozenset(classes)
     return clone

@@ -83,6 +83,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from dtok.digests import sha256
+
 __all__ = ["Family", "FAMILIES", "identify"]
 
 _CONTRACTION_LETTERS = tuple((ch, f"(?i:{ch})") for ch in "strevmld")
@@ -125,10 +127,8 @@ class Family:
     @property
     def key(self) -> str:
         """Changes whenever the patterns or atoms change (part of the table cache key)."""
-        import hashlib
-
         blob = json.dumps([self.name, self.splits, self.atoms], ensure_ascii=False)
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        return sha256(blob.encode()).hexdigest()[:12]
 
     def pre_tokenizer(self):
         """The family's pre-tokenizer, built with the installed reference."""

@@ -46,7 +46,6 @@ import atexit
 import collections
 import contextlib
 import contextvars
-import hashlib
 import json
 import logging
 import os
@@ -56,6 +55,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator, NamedTuple
 
+from dtok.digests import sha256
 from dtok.integrations import config, identity
 from dtok.integrations.config import configure
 from dtok.integrations.transformers import wrap
@@ -104,7 +104,7 @@ def _bounded(value: str) -> str | tuple[str, str]:
     session id must not be held once per session; collisions are out of reach)."""
     if len(value) <= KEY_CHARS:
         return value
-    return ("sha256", hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest())
+    return ("sha256", sha256(value.encode("utf-8", "surrogatepass")).hexdigest())
 
 
 def _parts(key) -> tuple[Hashable | None, Hashable | None]:

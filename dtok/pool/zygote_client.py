@@ -9,7 +9,6 @@ on the pipe waits for data that has already arrived (that is how a pool start on
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import os
 import subprocess
@@ -17,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from dtok.digests import sha256
 from dtok.encoders import FASTOKENS_CACHE_VARS
 from dtok.pool import protocol as P
 from dtok.pool import shm
@@ -151,7 +151,7 @@ def tokenizer_bytes(tok) -> bytes:
     path = Path(tok.files.path)
     try:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-        if hashlib.sha256(raw).hexdigest() == tok.admission.sha256:
+        if sha256(raw).hexdigest() == tok.admission.sha256:
             return raw
     except OSError:  # not a file: a tokenizer built from bytes
         pass

@@ -52,7 +52,7 @@ def main() -> None:
         tok = Tokenizer.from_file(path, encoder="reference")
         a = tok.admission
         make = GigaEncoder if args.encoder == "gigatoken" else FastEncoder
-        fast = make(tok.tokenizer_json().decode("utf-8"), tok.reference)
+        fast = make(tok.tokenizer_json(), tok.reference)
         previous = None
         if args.reuse_code_points:
             for schema in range(guards.SCHEMA, 0, -1):
@@ -96,7 +96,7 @@ def record_speed(path: Path, out: Path, corpus: Path | None) -> None:
     from dtok.pieces import text_class
 
     tok = Tokenizer.from_file(path, encoder="reference")
-    raw = tok.tokenizer_json().decode("utf-8")
+    raw = tok.tokenizer_json()
     fast, giga = FastEncoder(raw, tok.reference), GigaEncoder(raw, tok.reference)
     name = guards.file_name(tok.admission.sha256, giga.version, giga.name)
     table_path = out / name
