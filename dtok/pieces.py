@@ -29,6 +29,12 @@ __all__ = ["PieceEncoder", "text_class", "available_cpus"]
 COALESCE_GAP = 32
 # Below this many characters of work per thread, the chunks of a text are encoded in one call.
 PARALLEL_MIN_CHARS = 32768
+# No fast encoder gets a stretch without a safe cut longer than this: fastokens 0.3.5 keeps
+# scratch memory for the longest pre-token it has encoded (~45 bytes a character, on the
+# calling thread or its own BPE thread, never given back: 8M 'a' left 350 MiB behind) and
+# gigatoken would cache it. Such stretches (huge single-class runs) go to the reference, whose
+# memory is given back. No text of the corpus has a cut-free stretch over 4,096 characters.
+LONGEST_FAST_STRETCH = 65536
 
 
 def text_class(piece: str) -> str:
@@ -78,6 +84,7 @@ class PieceEncoder:
         self._literal_starts = tuple({t[:2] for t in loaded.admission.special_tokens}) \
             if loaded.literal is not None else ()
         self._check_literal = True  # private hook of the control (tests/test_literal_specials.py)
+        self._check_long = True  # private hook of the memory test's control (tests/test_memory.py)
         self._pieces = {"fast": 0, "reference": 0, "second": 0}
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
@@ -103,13 +110,11 @@ class PieceEncoder:
         for i, piece in enumerate(pieces):
             k = 1 if len(lanes) > 1 and text_class(piece) in self.second_classes else 0
             for a, b, why in self.segments(piece, lanes[k]):
-                if why is not None and len(lanes) > 1:  # the other fast encoder may take it
-                    other = lanes[1 - k]
-                    if other.rules.route(piece, a, b, nfc=not other.nfc_by_fast)[0] == ROUTE_FAST \
-                            and not self.literal_spans(piece[a:b]):
-                        by_lane[1 - k].append((len(owner), piece[a:b]))
-                        owner.append(i)
-                        continue
+                if why is not None and len(lanes) > 1 and self.fast_may_take(lanes[1 - k],
+                                                                             piece[a:b]):
+                    by_lane[1 - k].append((len(owner), piece[a:b]))  # the other fast encoder
+                    owner.append(i)
+                    continue
                 (by_lane[k] if why is None else slow).append((len(owner), piece[a:b]))
                 owner.append(i)
         self._count(fast=len(by_lane[0]), reference=len(slow),
@@ -177,10 +182,12 @@ class PieceEncoder:
         check_nfc = rules.nfc and not nfc_by_fast
         route, _ = rules.route(piece, nfc=check_nfc)
         literal = self.literal_spans(piece)
-        if route == ROUTE_FAST and not literal:
+        long = self.cut_free_stretches(piece, rules)
+        if route == ROUTE_FAST and not literal and not long:
             return [(0, len(piece), None)]
         spans = [(a, b, f"special-token text {piece[a:b]!r} at {a} (encode_special_tokens)")
                  for a, b in literal]
+        spans += [(a, b, f"no safe cut for {b - a} characters at {a}") for a, b in long]
         if route != ROUTE_FAST:
             spans += [(a, b, f"guard character U+{ord(piece[a]):04X} at {a}")
                       for a, b in rules.guard_spans(piece)]
@@ -207,6 +214,20 @@ class PieceEncoder:
         if pos < len(piece):
             out.append((pos, len(piece), None))
         return out
+
+    def fast_may_take(self, lane: Lane, text: str) -> bool:
+        """Whether ``lane``'s fast encoder may encode all of ``text``: no guard character, no
+        text NFC would change (unless its NFC is proven), no special-token text taken
+        literally, no over-long cut-free stretch."""
+        return (lane.rules.route(text, nfc=not lane.nfc_by_fast)[0] == ROUTE_FAST
+                and not self.literal_spans(text) and not self.cut_free_stretches(text, lane.rules))
+
+    def cut_free_stretches(self, piece: str, rules=None) -> list[tuple[int, int]]:
+        """The stretches of the piece between safe cuts longer than LONGEST_FAST_STRETCH: the
+        reference's (see that constant)."""
+        if len(piece) <= LONGEST_FAST_STRETCH or not self._check_long:
+            return []
+        return (rules or self.rules).cut_free_stretches(piece, LONGEST_FAST_STRETCH)
 
     def literal_spans(self, piece: str) -> list[tuple[int, int]]:
         """Where special-token strings stand in the piece, when they are plain text

@@ -416,6 +416,27 @@ cdef class CutRules:
             out.append((a, b))
         return out
 
+    def cut_free_stretches(self, str text not None, Py_ssize_t longest):
+        """Stretches [a, b) of `text` from one safe cut (or its start) to the next (or its end)
+        that are longer than `longest`: the only places a pre-token that long can be, since no
+        pre-token holds a safe cut. Costs O(n / longest) short scans where cuts are frequent,
+        one pass over each stretch found."""
+        cdef Py_ssize_t n = len(text), p = 0, c
+        out = []
+        if longest < 1:
+            longest = 1
+        while n - p > longest:
+            c = self.scan_back(text, p + longest, p + 1, n)
+            if c >= 0:
+                p = c
+                continue
+            c = self.scan_forward(text, p + longest + 1, n - 1, n)
+            if c < 0:
+                c = n
+            out.append((p, c))
+            p = c
+        return out
+
     def nfc_windows(self, str text not None, Py_ssize_t start=0, end=None):
         """The stretches of text[start:end] that NFC can change: each from the anchor before a
         non-anchor character to the next anchor (the normalizer splits before every anchor, so

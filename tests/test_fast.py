@@ -547,3 +547,48 @@ def test_text_class_of_real_text():
     for name in ("udhr_cmn_hans.txt", "udhr_hin.txt", "udhr_rus.txt", "udhr_kor.txt"):
         assert text_class(read_text("multilingual", name)) == "other", name
     assert text_class("plain ascii") == "latin" and text_class("") == "latin"
+
+
+@pytest.mark.parametrize("name", MAIN_FILES)
+def test_cut_free_stretches_are_the_gaps_between_safe_cuts(name):
+    """Every stretch between consecutive safe cuts longer than the bound, and nothing else, on
+    real hard text with long single-class runs spliced in (checked against every safe cut)."""
+    import random
+
+    rules = fast_tok(name).rules
+    rng = random.Random(11)
+    src = (read_text("adversarial", "blns_big-list-of-naughty-strings.txt")[:3000]
+           + read_text("code", "go__fzf__src_pattern.go.txt")[:2000])
+    runs = ["a" * 90, " " * 70, "!" * 60, "1" * 80, "中" * 50, "\u00e9" * 40, "\n" * 45, "Ab" * 30]
+    for _ in range(40):
+        parts = []
+        for _ in range(rng.randint(1, 6)):
+            i = rng.randrange(len(src))
+            parts += [src[i:i + rng.randint(0, 120)], rng.choice(runs)]
+        text = "".join(parts)
+        longest = rng.choice([8, 24, 41])
+        cuts = [0] + rules.safe_positions(text) + [len(text)]
+        want = [(a, b) for a, b in zip(cuts, cuts[1:]) if b - a > longest]
+        assert rules.cut_free_stretches(text, longest) == want, (text, longest)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gpt-oss"])
+def test_long_cut_free_stretches_go_to_the_reference(name):
+    """Stretches with no safe cut over LONGEST_FAST_STRETCH characters (huge single-class runs)
+    are the reference's (see tests/test_memory.py for why); the rest of the text stays fast;
+    the IDs are the reference's, through the stateless route, a session and a batch."""
+    from dtok.pieces import LONGEST_FAST_STRETCH
+
+    tok = fast_tok(name, content_lookup=False)
+    prose = read_text("prose", "gutenberg-2701_moby-dick.txt")[:20_000]
+    n = LONGEST_FAST_STRETCH + 10
+    texts = [prose + "a" * n + prose, " " * n, prose + "=" * n, "x" + "\u4e2d" * n + "。" + prose]
+    for text in texts:
+        routes = tok.explain(text)["chunk_routes"]
+        assert any("no safe cut for" in r for r in routes), routes
+        assert list(tok.encode(text)) == ref_ids(tok, text)
+    assert [list(x) for x in tok.encode_batch(texts)] == ref_ids_many(tok, texts)
+    ok = "a" * LONGEST_FAST_STRETCH  # at the bound: the fast encoder's
+    assert tok.pieces.routes([ok]) == ["fast"]
+    for text in (prose, prose + "b" * n, prose + "b" * n + prose):  # appends to a session
+        assert list(tok.encode(text, session="long runs")) == ref_ids(tok, text)
