@@ -2,7 +2,7 @@
 """dtok on the fast encoder next to the encoders users would pick, exactness checked.
 
     python benches/bench_fast.py [--tokenizers ...] [--sizes 1000000] [--repeats 3] [--modes ...]
-                                 [--pause-ms 20] [--speed-only]
+                                 [--pause-ms 20] [--speed-only] [--pin CPU]
     python benches/bench_fast.py --breakdown-only
     python benches/bench_fast.py --order-only
     python benches/bench_fast.py --memory-only
@@ -422,11 +422,16 @@ def main() -> None:
                     help="each timed call right after an untimed call on the same document "
                          "(every cache hot); default: each document new to every encoder")
     ap.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--pin", type=int, default=None, metavar="CPU",
+                    help="run every measuring process on this one CPU (one pinned core for "
+                         "each encoder; dtok's default threads are then 1)")
     ap.add_argument("--child", choices=["speed", "memory", "breakdown", "order"],
                     help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
+        if args.pin is not None:  # before any encoder starts a thread: they inherit it
+            os.sched_setaffinity(0, {args.pin})
         return child(args)
     info = machine()
     print(header(info))
@@ -449,6 +454,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--child", kind, "--mode", mode, "--tokenizers", name,
                "--repeats", str(args.repeats), "--pause-ms", str(args.pause_ms),
                *(["--hot"] if args.hot else []),
+               *(["--pin", str(args.pin)] if args.pin is not None else []),
                "--sizes", *map(str, args.sizes)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         for line in proc.stdout.splitlines():

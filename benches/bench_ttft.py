@@ -9,7 +9,9 @@ Qwen3 or Llama-3.1 architecture, the real tokenizer files, prefix caching) runs 
 (``DTOK_VLLM=1``) and a bench-only per-request switch (``benches/ttft_switch``): the header
 ``X-TTFT-Mode`` picks who tokenizes that request: ``dtok``, ``vllm`` (vLLM's own
 ``_tokenize_prompt``) or ``oracle`` (the reference's IDs of every prompt, computed before the
-run and looked up by the text's hash: tokenization at zero cost, the floor). So the modes are
+run and looked up by the text's hash: tokenization at zero cost, the floor); with ``--modes ...
+ids``, also ``ids``: the same prompts sent as the reference's token IDs (no tokenizer runs in the
+server, but ~100K integers of JSON are parsed: a comparison, not a floor). So the modes are
 compared paired: one server, one cached prefix, one session per mode (same append lengths,
 different text), the modes in a fresh random order every turn, ``--gap`` s apart.
 
@@ -120,7 +122,10 @@ class Workload:
                     text = rendered[:want]
                     for piece in pieces:
                         text += piece
-                        turns.append({"sid": sid, "body": {"prompt": text}, "text": text,
+                        # mode "ids": the same prompt sent as the reference's token IDs (no
+                        # tokenizer runs in the server; ~100K integers of JSON: a comparison)
+                        prompt = reference.encode(text).ids if mode == "ids" else text
+                        turns.append({"sid": sid, "body": {"prompt": prompt}, "text": text,
                                       "special": True})
                 else:
                     base = self._messages_upto(messages, want)
@@ -464,7 +469,8 @@ def get_json(url: str, path: str) -> dict:
 
 def table() -> None:
     """Markdown rows of every bench-results/ttft-*.json (docs/serving.md's table): per mode
-    median / P99 [per-repeat medians], then dtok - oracle / vllm - oracle paired."""
+    median / P99 [per-repeat medians], then dtok - oracle / vllm - oracle paired, and token-ID
+    prompts - oracle paired where the run had mode ``ids``."""
     from common import RESULTS
 
     for path in sorted(RESULTS.glob("ttft-*.json")):
@@ -483,6 +489,8 @@ def table() -> None:
             pair = res["paired_minus_oracle"]
             cells.append(" / ".join(f"{pair[m]['median_ms']:+.0f} (P99 {pair[m]['p99_ms']:+.0f})"
                                     for m in ("dtok", "vllm")))
+            cells.append(f"{pair['ids']['median_ms']:+.0f} (P99 {pair['ids']['p99_ms']:+.0f})"
+                         if "ids" in pair else "—")
             hook = res.get("dtok_hook_ms", {}).get("median_ms")
             lag = res["lag"]
             print(f"| {name} | {phase} | " + " | ".join(cells)
@@ -528,6 +536,8 @@ def main() -> int:
         return 0
     if "oracle" not in args.modes:
         args.modes.append("oracle")
+    if "ids" in args.modes and args.api != "completions":
+        ap.error("mode 'ids' (token-ID prompts) needs --api completions")
     if not serve_setup.built():
         print("the server venv is missing: python tools/engines/serve_setup.py", file=sys.stderr)
         return 2

@@ -205,31 +205,35 @@ def stateless_figure(plt, data: dict, out: Path) -> Path:
 
 def ttft_figure(plt, runs: list[tuple[str, dict]], out: Path) -> Path:
     """Warm-turn time to first token in a real vllm serve (bench_ttft.py), per configuration
-    and phase: vLLM's own tokenizer, dtok and the zero-cost oracle, median and P99."""
+    and phase (one row each): vLLM's own tokenizer, dtok and the zero-cost oracle, median and
+    P99; horizontal, so that many configurations stay readable."""
     modes = ("vllm", "dtok", "oracle")
     labels = {"vllm": "vLLM's own", "dtok": "dtok", "oracle": "oracle"}
     groups = [(name, phase, res) for name, d in runs for phase, res in d["phases"].items()]
-    fig, ax = plt.subplots(figsize=(max(7.5, 2.4 * len(groups)), 4.8))
-    width = 0.26
+    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.5 * len(groups)))
+    height = 0.26
     for j, mode in enumerate(modes):
-        xs = [g + (j - 1) * width for g in range(len(groups))]
+        ys = [g + (j - 1) * height for g in range(len(groups))]
         p99 = [res["ttft"][mode]["p99_ms"] for _, _, res in groups]
         med = [res["ttft"][mode]["median_ms"] for _, _, res in groups]
-        ax.bar(xs, p99, width, alpha=0.3, color=f"C{j}")
-        ax.bar(xs, med, width, color=f"C{j}", label=f"{labels[mode]} (solid: median, pale: P99)")
-        for x, m in zip(xs, med):
-            ax.text(x, m, f"{m:.0f}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(groups)), [f"{name}\n{phase} (n={res['ttft']['dtok']['n']})"
-                                       for name, phase, res in groups], fontsize=7)
-    ax.set_yscale("log")  # 16 concurrent sessions: seconds; one session: ~200 ms
-    ax.set_ylabel("warm-turn TTFT, ms (log)")
-    ax.set_title("warm turns of agent sessions in a real vllm serve (n: turns per mode)")
-    ax.legend(fontsize=7)
+        ax.barh(ys, p99, height, alpha=0.3, color=f"C{j}")
+        ax.barh(ys, med, height, color=f"C{j}", label=f"{labels[mode]} (solid: median, pale: P99)")
+        for y, m in zip(ys, med):
+            ax.text(m, y, f" {m:.0f}", ha="left", va="center", fontsize=6)
+    ax.set_yticks(range(len(groups)), [f"{name.replace(chr(10), ' ')}, {phase} "
+                                       f"(n={res['ttft']['dtok']['n']})"
+                                       for name, phase, res in groups], fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xscale("log")  # 16 concurrent sessions: seconds; one session: ~200 ms
+    ax.set_xlabel("warm-turn TTFT, ms (log)")
+    ax.set_title("warm turns of agent sessions in a real vllm serve (n: turns per mode)",
+                 fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
     fig.suptitle(f"{_machine(runs[0][1])}; load at the start of each run: "
-                 f"{_loads(*(d for _, d in runs))}", fontsize=8)
+                 f"{_loads(*(d for _, d in runs))}", fontsize=7)
     fig.tight_layout()
     path = out / "ttft.png"
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
 
