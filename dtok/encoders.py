@@ -116,8 +116,8 @@ def _pinned(name: str, installed: str | None, pinned: str) -> str:
 def from_json_bytes(load_file, load_str, raw: bytes):
     """A native encoder made from tokenizer.json's bytes: read by the encoder from a memory file
     where the system has them (Linux), else handed over as a str. From a str the JSON is held
-    three times at once (the bytes, the str, its UTF-8 form): on Qwen3 that was 24 MiB more
-    peak and 9 MiB more RSS once loaded (measured)."""
+    three times at once (the bytes, the str, its UTF-8 form): on Qwen3 a load's peak was 24 MiB
+    higher (measured)."""
     if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
         fd = os.memfd_create("dtok-tokenizer-json", os.MFD_CLOEXEC)
         try:

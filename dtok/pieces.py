@@ -182,12 +182,12 @@ class PieceEncoder:
         check_nfc = rules.nfc and not nfc_by_fast
         route, _ = rules.route(piece, nfc=check_nfc)
         literal = self.literal_spans(piece)
-        long = self.cut_free_stretches(piece, rules)
-        if route == ROUTE_FAST and not literal and not long:
+        uncut = self.cut_free_stretches(piece, rules)
+        if route == ROUTE_FAST and not literal and not uncut:
             return [(0, len(piece), None)]
         spans = [(a, b, f"special-token text {piece[a:b]!r} at {a} (encode_special_tokens)")
                  for a, b in literal]
-        spans += [(a, b, f"no safe cut for {b - a} characters at {a}") for a, b in long]
+        spans += [(a, b, f"no safe cut for {b - a} characters at {a}") for a, b in uncut]
         if route != ROUTE_FAST:
             spans += [(a, b, f"guard character U+{ord(piece[a]):04X} at {a}")
                       for a, b in rules.guard_spans(piece)]
