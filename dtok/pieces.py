@@ -1,7 +1,8 @@
 """The piece encoder: body IDs (no post-processing) of independent pieces of admitted text.
 
 Each piece goes to a fast encoder, except the stretches around guard characters or text NFC
-would change, which go to the reference; stretches start and end at safe cuts, so their IDs
+would change, and stretches with no safe cut for more than LONGEST_FAST_STRETCH characters,
+which go to the reference; stretches start and end at safe cuts, so their IDs
 concatenate to the piece's (:mod:`dtok.repair` and DESIGN.md say why). The calls run on a thread
 pool and in the calling thread at once (every encoder releases the GIL). The tokenizer's
 stateless route, the session store and the pool's workers all encode through this object.
@@ -17,7 +18,7 @@ from dtok.chunking import Chunker, split_at
 from dtok.encoders import ReferenceEncoder
 from dtok.loading import Lane, Loaded
 from dtok_ext.buffers import IdBuffer, ids_from_list
-from dtok_ext.cuts import ROUTE_FAST
+from dtok_ext.cuts import ROUTE_FAST, CutRules
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -222,12 +223,12 @@ class PieceEncoder:
         return (lane.rules.route(text, nfc=not lane.nfc_by_fast)[0] == ROUTE_FAST
                 and not self.literal_spans(text) and not self.cut_free_stretches(text, lane.rules))
 
-    def cut_free_stretches(self, piece: str, rules=None) -> list[tuple[int, int]]:
-        """The stretches of the piece between safe cuts longer than LONGEST_FAST_STRETCH: the
-        reference's (see that constant)."""
+    def cut_free_stretches(self, piece: str, rules: CutRules) -> list[tuple[int, int]]:
+        """The stretches of the piece between safe cuts (of ``rules``, a lane's) longer than
+        LONGEST_FAST_STRETCH: the reference's (see that constant)."""
         if len(piece) <= LONGEST_FAST_STRETCH or not self._check_long:
             return []
-        return (rules or self.rules).cut_free_stretches(piece, LONGEST_FAST_STRETCH)
+        return rules.cut_free_stretches(piece, LONGEST_FAST_STRETCH)
 
     def literal_spans(self, piece: str) -> list[tuple[int, int]]:
         """Where special-token strings stand in the piece, when they are plain text
