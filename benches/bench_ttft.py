@@ -591,7 +591,9 @@ def main() -> int:
             for (rep, mode, _session), turns in work.requests.items():
                 for req in turns:
                     key = oracle_key(req["text"], req["special"])
-                    ids = reference.encode(req["text"], add_special_tokens=req["special"]).ids
+                    prompt = req["body"].get("prompt")  # mode "ids": the reference's IDs already
+                    ids = prompt if isinstance(prompt, list) else reference.encode(
+                        req["text"], add_special_tokens=req["special"]).ids
                     reference_ids[key] = array.array("i", ids)  # 4 bytes an ID, not 36
                     if mode == "oracle":
                         oracle[key] = ids
