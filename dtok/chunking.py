@@ -38,9 +38,10 @@ class Chunker:
         self.max_chunks = knobs["max_chunks"]
         self.budgets = knobs["scan_budget"]
 
-    def count(self, n: int) -> int:
-        """Chunks for a text of n characters (at or above the threshold)."""
-        return chunk_count(n, self.target, self.max_chunks)
+    def count(self, n: int, target: int | None = None) -> int:
+        """Chunks for a text of n characters (at or above the threshold), aimed at ``target``
+        characters each (default: the knob ``chunk_target``)."""
+        return chunk_count(n, target or self.target, self.max_chunks)
 
     def cuts(self, text: str, k: int | None = None) -> list[int]:
         """Safe cuts for ``k`` chunks of text (default :meth:`count`), whatever its length; no
@@ -51,6 +52,8 @@ class Chunker:
             return []
         return self.rules.plan(text, k, max(16, min(1024, n // (4 * k))), self.budgets)
 
-    def stateless_cuts(self, text: str) -> list[int]:
-        """Where the stateless route cuts ``text``: none below the threshold."""
-        return self.cuts(text) if len(text) >= self.threshold else []
+    def stateless_cuts(self, text: str, target: int | None = None) -> list[int]:
+        """Where the stateless route cuts ``text`` into chunks of about ``target`` characters
+        (default: the knob ``chunk_target``): none below the threshold."""
+        n = len(text)
+        return self.cuts(text, self.count(n, target)) if n >= self.threshold else []

@@ -73,7 +73,7 @@ class Tokenizer:
         self.threads = self.pieces.threads
         self.planner = Planner(
             self.rules, PlanKnobs(knobs["scan_budget"][-1], knobs["anchor_spacing"],
-                                  knobs["edit_budget"]), self.chunker.stateless_cuts)
+                                  knobs["edit_budget"]), self.pieces.stateless_cuts)
         self.sessions = SessionStore(
             self.pieces, self.planner, max_sessions=knobs["max_sessions"],
             session_bytes=knobs["session_bytes"], lookup_entries=knobs["lookup_entries"],
@@ -246,9 +246,9 @@ class Tokenizer:
         if n < self.knobs["chunk_threshold"]:
             return {**info, "route": "whole", "chunk_routes": self.pieces.routes([text]),
                     "why": f"{n} chars < chunk_threshold {self.knobs['chunk_threshold']}"}
-        k = self.chunker.count(n)
+        k = self.chunker.count(n, self.pieces.chunk_target(text))
         t0 = time.perf_counter()
-        cuts = self.chunker.cuts(text)
+        cuts = self.chunker.cuts(text, k)
         plan_ms = (time.perf_counter() - t0) * 1e3
         bounds = [0, *cuts, n]
         info.update(
@@ -260,14 +260,15 @@ class Tokenizer:
         )
         info["chunk_routes"] = self.pieces.routes(split_at(text, cuts))
         if not cuts:
-            return {**info, "route": "whole", "why": "no safe cut within the scan budget"}
+            why = (f"one piece: {self.encoder.name} takes Latin text in one piece per "
+                   f"encoding thread ({self.threads})" if k == 1
+                   else "no safe cut within the scan budget")
+            return {**info, "route": "whole", "why": why}
         routes = info["chunk_routes"]
         n_ref = sum(r != "fast" for r in routes)
-        if self.encoder is self.pieces.reference:
-            why = f"{len(routes)} chunks on {min(self.threads, len(routes))} thread(s)"
-        else:
-            why = (f"{len(routes)} chunks to {self.encoder.name} in one call; {n_ref} of them "
-                   "with stretches on the reference")
+        why = f"{len(routes)} chunks on {min(self.threads, len(routes))} thread(s)"
+        if self.encoder is not self.pieces.reference:
+            why += f", {n_ref} of them with stretches on the reference"
         return {**info, "route": "chunked", "why": why}
 
     def stats(self) -> dict[str, Any]:

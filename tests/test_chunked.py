@@ -36,7 +36,8 @@ def test_result_is_readonly_int32(main_tok):
 
 
 def test_explain_reports_plan():
-    tok = load_tokenizer("llama3", content_lookup=False)  # the stateless route
+    # the stateless route; the reference gets chunks of chunk_target
+    tok = load_tokenizer("llama3", content_lookup=False, encoder="reference")
     text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:1_000_000]
     ex = tok.explain(text)
     assert ex["route"] == "chunked" and ex["requested_chunks"] == 16
@@ -44,6 +45,26 @@ def test_explain_reports_plan():
     assert ex["cuts"] == sorted(ex["cuts"])
     assert min(ex["chunk_chars"]) >= 1024
     assert tok.explain("short")["route"] == "whole"
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_fast_encoder_gets_latin_text_in_one_piece_per_thread(threads):
+    """On a fast encoder Latin text is cut into one piece per encoding thread, no piece over
+    LONGEST_FAST_PIECE; other text into chunks of chunk_target (PieceEncoder.chunk_target)."""
+    from dtok.pieces import LONGEST_FAST_PIECE
+
+    tok = load_tokenizer("llama3", content_lookup=False, threads=threads)
+    prose = read_text("prose", "gutenberg-2701_moby-dick.txt")[:1_000_000]
+    ex = tok.explain(prose)
+    assert ex["requested_chunks"] == threads and len(ex["cuts"]) == threads - 1, ex["why"]
+    assert ex["route"] == ("whole" if threads == 1 else "chunked")
+    longer = prose * 3
+    k = -(-len(longer) // LONGEST_FAST_PIECE)
+    assert tok.explain(longer)["requested_chunks"] == max(k, threads)
+    other = read_text("multilingual", "udhr_all-languages_concatenated.txt")[:1_000_000]
+    assert tok.explain(other)["requested_chunks"] == 16
+    for text in (prose, longer):
+        assert list(tok.encode(text)) == ref_ids(tok, text)
 
 
 def test_added_token_boundaries_are_cuts():

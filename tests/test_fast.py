@@ -65,12 +65,12 @@ def nfc_checked(tok: dtok.Tokenizer) -> dtok.Tokenizer:
 def test_guarded_chunk_goes_to_reference_alone():
     """One decomposed accent in a long Qwen3 text, NFC proof not used: only its chunk pays a
     reference encode."""
-    tok = nfc_checked(fast_tok("qwen3", content_lookup=False))
+    tok = nfc_checked(fast_tok("qwen3", content_lookup=False, threads=4))
     text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:600_000]
     text = text[:300_000] + "Cafe\u0301" + text[300_000:]
     ex = tok.explain(text)
     routes = ex["chunk_routes"]
-    assert ex["route"] == "chunked" and len(routes) == 10
+    assert ex["route"] == "chunked" and len(routes) == 4  # Latin text: a piece per thread
     assert sum(r != "fast" for r in routes) == 1 and "not NFC" in " ".join(routes)
     guarded = next(r for r in routes if r != "fast")
     assert int(guarded.split()[2]) < 100, guarded  # only a short stretch around the accent
@@ -78,7 +78,7 @@ def test_guarded_chunk_goes_to_reference_alone():
     assert list(tok.encode(text)) == ref_ids(tok, text)
     after = tok.stats()
     assert after["reference_pieces"] - before["reference_pieces"] == 1
-    assert after["fast_pieces"] - before["fast_pieces"] in (10, 11)  # + the guarded one's rest
+    assert after["fast_pieces"] - before["fast_pieces"] in (4, 5)  # + the guarded one's rest
 
 
 def test_unassigned_code_point_is_guarded():
