@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Hashable
 
 from dtok.digests import blake2b
+from dtok.pieces import affixed_view
 from dtok.repair import Anchors, Plan, Planner, execute
 from dtok_ext.align import fingerprints
 from dtok_ext.buffers import IdBuffer, IdList
@@ -56,12 +57,6 @@ def is_continuation(reused: int, stored: int) -> bool:
     continues it (and replaces it); one that shares less is a fork (another conversation with
     the same start) and is kept beside it."""
     return 2 * reused >= stored
-
-
-def affixed_view(ids, add_special: bool, n_prefix: int, n_suffix: int) -> memoryview:
-    """A read-only view of an ID buffer (prefix + body + suffix) with the post-processor's
-    affixes (``add_special_tokens``) or without them: the two results one buffer serves."""
-    return ids.view() if add_special else ids.view(n_prefix, len(ids) - n_suffix)
 
 
 class KeptLists:

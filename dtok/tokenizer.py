@@ -18,7 +18,7 @@ from dtok.knobs import KNOBS, validate
 from dtok.loading import Loaded, load
 from dtok.pieces import PieceEncoder
 from dtok.repair import PlanKnobs, Planner
-from dtok.sessions import LOOKUP_MIN_CHARS, SessionStore, affixed_view, scoped_key
+from dtok.sessions import LOOKUP_MIN_CHARS, SessionStore, scoped_key
 from dtok_ext.buffers import IdBuffer, ids_from_list
 from dtok_ext.cuts import VERDICT_AT_SPECIAL
 
@@ -181,9 +181,7 @@ class Tokenizer:
                                               add_special_tokens, as_list)
         if self.sessions.content_lookup and len(text) >= LOOKUP_MIN_CHARS:
             return self.sessions.encode_lookup(text, add_special_tokens, as_list, scope)
-        a = self.admission
-        view = affixed_view(self.pieces.encode_whole(text), add_special_tokens, len(a.prefix),
-                            len(a.suffix))
+        view = self.pieces.encode_view(text, add_special_tokens)
         return view.tolist() if as_list else view
 
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True

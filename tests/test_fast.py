@@ -329,6 +329,24 @@ def test_chunks_run_on_every_thread():
     assert one.encoder.calls == 1
 
 
+def test_one_piece_result_is_the_fast_encoders_buffer():
+    """A text encoded in one fast piece with no affix to add is handed out as the encoder's own
+    buffer (no copy); with affixes, or in several parts, as one concatenated buffer. Exact
+    either way, read-only int32."""
+    prose = read_text("prose", "gutenberg-2701_moby-dick.txt")[:300_000]
+    for name, special, copied in (("qwen3", True, False), ("llama3", False, False),
+                                  ("llama3", True, True)):
+        tok = fast_tok(name, threads=1, content_lookup=False)
+        view = tok.encode(prose, add_special_tokens=special)
+        assert list(view) == ref_ids(tok, prose, special)
+        assert view.readonly and view.format == "i"
+        assert (type(view.obj) is not bytes) == copied, (name, special, type(view.obj))
+        assert tok.encode_list(prose, add_special_tokens=special) == ref_ids(tok, prose, special)
+    guarded = prose[:150_000] + "\u0378" + prose[150_000:]  # a reference stretch: three parts
+    view = tok.with_knobs().encode(guarded, add_special_tokens=False)
+    assert type(view.obj) is not bytes and list(view) == ref_ids(tok, guarded, False)
+
+
 def test_tokenizer_json_replaces_the_file_bytes():
     """A loaded tokenizer keeps no copy of tokenizer.json; tokenizer_json() gives an equivalent
     one (same IDs, same admission), and admission.sha256 stays the file's SHA-256."""

@@ -20,10 +20,11 @@ import sys
 from collections import OrderedDict, deque
 from typing import Hashable, NamedTuple
 
+from dtok.pieces import affixed_view
 from dtok.pool import protocol as P
 from dtok.pool import shm
 from dtok.repair import Anchors, Plan
-from dtok.sessions import KeptLists, affixed_view
+from dtok.sessions import KeptLists
 from dtok_ext.shm import MappedIds, write_ids
 
 
