@@ -133,6 +133,34 @@ def test_encode_async_plans_off_the_event_loop_in_order():
         assert [n for _, n in planned] == [len(t) for t in turns] + [len(turns[-1]) + 4]
 
 
+def test_encode_async_raises_what_the_call_raises_and_survives_cancellation():
+    """The loop's future is settled from the submit thread: an error the request ends with
+    (the reference's, for a non-str) or the submit raises (a closed pool) reaches the caller
+    as its own exception; a caller that gave up is left alone when the answer comes."""
+    tok = load_tokenizer("qwen3")
+    with pytest.raises(Exception) as want:
+        tok.reference.encode(12345)
+    text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:200_000]
+    with Pool(tok, workers=1, name="asyncerr") as pool:
+        async def main():
+            with pytest.raises(want.type):
+                await pool.encode_async(12345)
+            slow = asyncio.ensure_future(pool.encode_async(text))
+            await asyncio.sleep(0)
+            slow.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await slow
+            return list(await pool.encode_async(text, session="s"))
+
+        assert asyncio.run(main()) == ref_ids(tok, text)
+
+        async def after_close():
+            with pytest.raises(Exception):
+                await pool.encode_async("closed")
+
+    asyncio.run(after_close())
+
+
 def test_encode_async_never_encodes_on_the_event_loop_thread():
     tok = load_tokenizer("llama3")
     with Pool(tok, workers=1, name="noworkers") as pool:

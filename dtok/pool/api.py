@@ -64,6 +64,27 @@ __all__ = ["Pool", "PoolError", "AGING"]
 AGING = 0.01
 
 
+def _to_loop(loop: asyncio.AbstractEventLoop, answer: asyncio.Future, done: Future | None,
+             error: BaseException | None) -> None:
+    """Settle an event loop's future from another thread: with the outcome of ``done`` (a
+    request's future), else with ``error``. A loop already closed has no caller left."""
+    def settle() -> None:
+        if answer.done():  # the caller gave up (cancelled)
+            return
+        if done is not None and done.cancelled():
+            answer.cancel()
+            return
+        exc = error if done is None else done.exception()
+        if exc is not None:
+            answer.set_exception(exc)
+        else:
+            answer.set_result(done.result())
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:
+        pass
+
+
 class Pool(Supervision):
     """Worker processes that encode for this process, exactly as the reference would.
 
@@ -218,10 +239,21 @@ class Pool(Supervision):
         return await self._submit_off_loop(text, session, add_special_tokens, True, scope)
 
     async def _submit_off_loop(self, text, session, add_special, want_list, scope):
+        # The submit thread plans and sends, then chains the request's answer to the loop's
+        # future: the loop wakes once, for the answer (not also when the request was sent).
         loop = asyncio.get_running_loop()
-        req = await loop.run_in_executor(self._submitter, self._submit, text, session, add_special,
-                                         want_list, None, scope)
-        return await asyncio.wrap_future(req.future)
+        answer = loop.create_future()
+
+        def submit() -> None:
+            try:
+                req = self._submit(text, session, add_special, want_list, None, scope)
+            except BaseException as exc:  # to the caller, as the call itself would raise it
+                _to_loop(loop, answer, None, exc)
+                return
+            req.future.add_done_callback(lambda f: _to_loop(loop, answer, f, None))
+
+        self._submitter.submit(submit)
+        return await answer
 
     def _wait(self, req: Request):
         """A synchronous caller waits for its tasks that went to workers from its own thread on
