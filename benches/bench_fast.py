@@ -6,6 +6,7 @@
     python benches/bench_fast.py --breakdown-only
     python benches/bench_fast.py --order-only
     python benches/bench_fast.py --memory-only
+    python benches/bench_fast.py --pieces-only [--pin CPU] [--repeats 3]
 
 Each (tokenizer, mode) runs in a fresh process with FASTOKENS_BPE_THREADS=1 (unless set):
 
@@ -20,9 +21,12 @@ Each (tokenizer, mode) runs in a fresh process with FASTOKENS_BPE_THREADS=1 (unl
   single-threaded peers.
 
 For every kind of text (prose, code, multilingual, adversarial: the adversarial corpus files
-concatenated) distinct documents (an even number) are encoded by every encoder, in a rotation
-that shifts by one per document and reverses every other one, so that no encoder always runs
-right after the same one; every call on a fresh copy of the text and after a pause
+concatenated) distinct documents (whole periods of a balanced rotation, at least
+``--repeats``) are encoded by every encoder, in a balanced rotation (a Williams design:
+every encoder in every place and right after every other one equally often; the rotation
+before this one put dtok first on every document in mode ``single``, and the first encoder
+on a document meets its words first: 7-15% slower on a second fastokens instance, measured);
+every call on a fresh copy of the text and after a pause
 (``--pause-ms``, 20 by default: requests spaced out in time; what ran just before matters,
 through encoder threads and glibc's heap: ``--order-only`` measures that itself; 0: back to
 back); dtok's IDs are compared with the reference's. Printed: medians, P99, the per-document ratio dtok / fastokens (median and
@@ -30,8 +34,12 @@ min-max over the documents) and the CPU-time ratio. Then a guarded 1M-character 
 unassigned code point). ``--breakdown-only``: where dtok's single-thread time goes (plan, slice,
 route, encoder calls, concatenation) next to fastokens alone. Memory runs measure, in fresh
 processes, VmRSS/PSS after loading (cold) and after encoding 1M characters (warm) and the peak
-(VmHWM), for dtok on each encoder and for fastokens and tokenizers alone. JSON goes to
-bench-results/.
+(VmHWM), for dtok on each encoder and for fastokens and tokenizers alone. ``--pieces-only``:
+the stateless route's pieces for the fast encoder, paired in one rotation (reference IDs
+computed first): dtok on one thread, the same with every text in 64K chunks (the rule before
+Latin text got one piece per thread), dtok on two threads (unpinned), fastokens alone; with
+the pause and back to back, ratios to dtok on one thread with their spread over the repeats.
+JSON goes to bench-results/.
 """
 from __future__ import annotations
 
@@ -47,7 +55,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dtok.chunking import split_at  # noqa: E402
-from common import SHARED, documents, header, machine, smaps, summary, write_json  # noqa: E402
+from common import (SHARED, balanced_order, balanced_period, documents, header,  # noqa: E402
+                    machine, smaps, summary, write_json)
 
 PAUSE_MS = 20.0  # default pause before each timed call (--pause-ms)
 MODES = ("single", "single+others", "2 threads", "2 threads+others")
@@ -169,7 +178,9 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
         for fn in encoders.values():
             fn(warm)
     rows = []
-    n_docs = repeats + repeats % 2  # an even count: dtok and fastokens each go first half the time
+    # whole periods of the balanced rotation: every encoder first on a document equally often
+    period = balanced_period(len(encoders))
+    n_docs = period * -(-repeats // period)
     for size in sizes:
         for kind in KINDS:
             docs = documents(kind, size, n_docs + 1)
@@ -182,12 +193,10 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
             wrong: dict[str, list[int]] = {k: [] for k in encoders}
             labels = list(encoders)
             for i, (doc, want) in enumerate(zip(docs[:-1], wants)):
-                # Every encoder in a rotation that shifts by one per document and reverses
-                # every other document, so that no encoder always runs right after the same
-                # one (what ran just before matters: see --order-only).
-                order = labels[i % len(labels):] + labels[:i % len(labels)]
-                if i % 2:
-                    order.reverse()
+                # Every encoder in a balanced rotation: each in every place and right after
+                # every other one equally often (what ran just before matters: see
+                # --order-only; the first encoder on a document meets its words first)
+                order = balanced_order(labels, i)
                 for label in order:
                     fn = encoders[label]
                     # a fresh copy each time, as a request's text arrives: encoders that read
@@ -266,6 +275,67 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
     return rows
 
 
+def run_pieces(name: str, repeats: int, pause_ms: float) -> list[dict]:
+    """How the stateless route cuts for the fast encoder, paired: dtok on one thread (Latin
+    text in one piece per thread, other text in chunks of chunk_target), the same with every
+    text in chunks of chunk_target (the rule before), dtok on two threads, and fastokens
+    alone; distinct 1M documents per kind (two periods of the balanced rotation), the
+    reference's IDs computed before any timing, ``repeats`` passes, with the pause and back to
+    back."""
+    import dtok
+
+    path = SHARED / "tokenizers" / name
+    one = dtok.Tokenizer.from_file(path, content_lookup=False, threads=1)
+    chunked = one.with_knobs()
+    chunked.pieces.chunk_target = lambda text: chunked.chunker.target  # the rule before
+    two = one.with_knobs(threads=2)
+    encoders = {"dtok threads=1": lambda d: one.encode(d, add_special_tokens=False),
+                "dtok 64K chunks": lambda d: chunked.encode(d, add_special_tokens=False)}
+    if len(os.sched_getaffinity(0)) > 1:
+        encoders["dtok threads=2"] = lambda d: two.encode(d, add_special_tokens=False)
+    encoders["fastokens"] = peers(path, False)["fastokens"]
+    labels = list(encoders)
+    rows = []
+    for pause in (pause_ms, 0.0):
+        for kind in KINDS:
+            docs = documents(kind, 1_000_000, 2 * balanced_period(len(labels)))
+            wants = [one.reference.encode(d, add_special_tokens=False).ids for d in docs]
+            for fn in encoders.values():
+                fn(docs[0][:100_000])
+            passes = []
+            for r in range(repeats):
+                wall: dict[str, list[float]] = {k: [] for k in labels}
+                for i, (doc, want) in enumerate(zip(docs, wants)):
+                    order = balanced_order(labels, r * len(docs) + i)
+                    for label in order:
+                        fresh = (doc + " ")[:-1]
+                        time.sleep(pause / 1e3)
+                        t, got = timed(lambda: encoders[label](fresh))
+                        wall[label].append(t)
+                        ids = AS_LIST[label](got) if label in AS_LIST else list(got)
+                        if ids != want:
+                            raise SystemExit(f"{label} differs from the reference on {kind} "
+                                             f"document {i}")
+                passes.append(wall)
+            row = {"tokenizer": name, "case": "pieces", "kind": kind, "pause_ms": pause,
+                   "passes": repeats, "explain_why": one.explain(docs[0])["why"]}
+            cells = []
+            for label in labels:
+                all_ms = [x for w in passes for x in w[label]]
+                ratio = [statistics.median(a / b for a, b in zip(w[label], w["dtok threads=1"]))
+                         for w in passes]
+                row[label] = {**summary(all_ms),
+                              "over_dtok_threads1": {"median": statistics.median(ratio),
+                                                     "min": min(ratio), "max": max(ratio)}}
+                cells.append(f"{label} {row[label]['median_ms']:6.2f} (P99 "
+                             f"{row[label]['p99_ms']:.2f}; /threads=1 "
+                             f"{statistics.median(ratio):.2f} [{min(ratio):.2f}-{max(ratio):.2f}])")
+            rows.append(row)
+            print(f"{name:12s} pieces pause {pause:4.0f} ms {kind:12s} " + "  ".join(cells),
+                  flush=True)
+    return rows
+
+
 def run_order(name: str, repeats: int) -> list[dict]:
     """What the encoder that ran just before does to the next call: dtok (one thread) and
     fastokens alone timed right after the reference's ``encode_batch_fast`` of the same 1M
@@ -331,7 +401,7 @@ def run_breakdown(name: str, repeats: int) -> list[dict]:
         for d0 in docs * 3:
             d, whole = (d0 + " ")[:-1], (d0 + " ")[:-1]  # fresh strings (no cached UTF-8)
             t = {}
-            t["plan"], cuts = timed(lambda: tok.chunker.cuts(d))
+            t["plan"], cuts = timed(lambda: tok.pieces.stateless_cuts(d))
             t["slice"], pieces = timed(lambda: split_at(d, cuts))
             t["route"], segs = timed(lambda: [tok.pieces.segments(p) for p in pieces])
             fast_texts = [p[a:b] for p, ss in zip(pieces, segs) for a, b, w in ss if w is None]
@@ -401,6 +471,8 @@ def child(args) -> None:
         rows = run_breakdown(args.tokenizers[0], args.repeats)
     elif args.child == "order":
         rows = run_order(args.tokenizers[0], args.repeats)
+    elif args.child == "pieces":
+        rows = run_pieces(args.tokenizers[0], args.repeats, args.pause_ms)
     else:
         rows = [run_memory(args.tokenizers[0], args.mode)]
     print("JSON" + json.dumps(rows))
@@ -415,6 +487,9 @@ def main() -> None:
     ap.add_argument("--breakdown-only", action="store_true")
     ap.add_argument("--order-only", action="store_true")
     ap.add_argument("--speed-only", action="store_true")
+    ap.add_argument("--pieces-only", action="store_true",
+                    help="the stateless route's pieces for the fast encoder, paired: one piece "
+                         "per thread against 64K chunks, threads=2 against 1, fastokens alone")
     ap.add_argument("--pause-ms", type=float, default=PAUSE_MS,
                     help="pause before each timed call: 20 = requests spaced out in time (the "
                          "other core idles in between), 0 = back to back")
@@ -425,7 +500,7 @@ def main() -> None:
     ap.add_argument("--pin", type=int, default=None, metavar="CPU",
                     help="run every measuring process on this one CPU (one pinned core for "
                          "each encoder; dtok's default threads are then 1)")
-    ap.add_argument("--child", choices=["speed", "memory", "breakdown", "order"],
+    ap.add_argument("--child", choices=["speed", "memory", "breakdown", "order", "pieces"],
                     help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -436,13 +511,15 @@ def main() -> None:
     info = machine()
     print(header(info))
     rows = []
-    only = args.memory_only or args.breakdown_only or args.order_only
-    jobs = [] if only else [("speed", n, m) for n in args.tokenizers for m in args.modes]
-    if not (args.memory_only or args.order_only or args.speed_only):
-        jobs += [("breakdown", n, "single") for n in args.tokenizers]
-    if not (args.memory_only or args.breakdown_only or args.speed_only):
-        jobs += [("order", n, "single") for n in args.tokenizers]
-    if not (args.breakdown_only or args.order_only or args.speed_only):
+    picked = {k for k in ("speed", "breakdown", "order", "memory", "pieces")
+              if getattr(args, f"{k}_only")}
+    if not picked:  # by default every part except the pieces' comparison
+        picked = {"speed", "breakdown", "order", "memory"}
+    jobs = [("speed", n, m) for n in args.tokenizers for m in args.modes] \
+        if "speed" in picked else []
+    jobs += [(k, n, "single") for k in ("breakdown", "order", "pieces") if k in picked
+             for n in args.tokenizers]
+    if "memory" in picked:
         jobs += [("memory", n, e) for n in args.tokenizers
                  for e in ("reference", "auto", "fastokens alone", "gigatoken alone",
                            "tokenizers alone")]
@@ -472,7 +549,8 @@ def main() -> None:
                   flush=True)
     path = write_json("fast-memory.json" if args.memory_only else
                       "fast-breakdown.json" if args.breakdown_only else
-                      "fast-order.json" if args.order_only else "fast.json",
+                      "fast-order.json" if args.order_only else
+                      "fast-pieces.json" if args.pieces_only else "fast.json",
                       {"machine": info, "args": vars(args), "rows": rows})
     print("wrote", path)
 

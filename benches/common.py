@@ -72,6 +72,36 @@ def summary(samples_s: list[float]) -> dict:
     return {"median_ms": statistics.median(ms), "p99_ms": p99, "min_ms": ms[0], "n": len(ms)}
 
 
+def balanced_order(labels: list, i: int) -> list:
+    """Row ``i`` of a Williams design over ``labels``: over :func:`balanced_period` rows every
+    label takes every place equally often and runs right after every other label equally
+    often. What ran just before a call matters (a word the encoder before just met, glibc's
+    heap), so no encoder may be favoured by its place in a rotation.
+
+    >>> [balanced_order("ab", i) for i in range(2)]
+    [['a', 'b'], ['b', 'a']]
+    >>> [''.join(balanced_order("abcd", i)) for i in range(4)]
+    ['abdc', 'bcad', 'cdba', 'dacb']
+    """
+    n = len(labels)
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    row = [labels[(f + i) % n] for f in first]
+    if n % 2 and (i // n) % 2:  # an odd count needs the mirrored square too
+        row.reverse()
+    return row
+
+
+def balanced_period(n: int) -> int:
+    """Rows after which :func:`balanced_order` over ``n`` labels is balanced."""
+    return n if n % 2 == 0 else 2 * n
+
+
 def corpus(*parts: str) -> str:
     with open(SHARED.joinpath("corpus", *parts), encoding="utf-8", newline="") as f:
         return f.read()
