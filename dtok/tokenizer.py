@@ -244,7 +244,8 @@ class Tokenizer:
         if n < self.knobs["chunk_threshold"]:
             return {**info, "route": "whole", "chunk_routes": self.pieces.routes([text]),
                     "why": f"{n} chars < chunk_threshold {self.knobs['chunk_threshold']}"}
-        k = self.chunker.count(n, self.pieces.chunk_target(text))
+        target = self.pieces.chunk_target(text)
+        k = self.chunker.count(n, target)
         t0 = time.perf_counter()
         cuts = self.chunker.cuts(text, k)
         plan_ms = (time.perf_counter() - t0) * 1e3
@@ -258,8 +259,7 @@ class Tokenizer:
         )
         info["chunk_routes"] = self.pieces.routes(split_at(text, cuts))
         if not cuts:
-            why = (f"one piece: {self.encoder.name} takes Latin text in one piece per "
-                   f"encoding thread ({self.threads})" if k == 1
+            why = (f"one piece: chunks of about {target} characters aimed at" if k == 1
                    else "no safe cut within the scan budget")
             return {**info, "route": "whole", "why": why}
         routes = info["chunk_routes"]
