@@ -37,9 +37,10 @@ PARALLEL_MIN_CHARS = 32768
 # memory is given back. No text of the corpus has a cut-free stretch over 4,096 characters.
 LONGEST_FAST_STRETCH = 65536
 # The stateless route gives a fast encoder Latin text in one piece per encoding thread, up to
-# this long (PieceEncoder.chunk_target): 1M characters of prose on one thread took 5-15% less
-# time whole than in 64K chunks, and fastokens keeps ~2.3 bytes a character of its longest
-# input on each thread (a 4M piece: +9 MiB, for good).
+# this long (PieceEncoder.chunk_target): on one thread 64K chunks took 1.10-1.16x the time of
+# one piece on 1M characters of prose, 1.02-1.10x on code (bench_fast.py --pieces-only), and
+# fastokens keeps scratch memory for its longest input on each thread (~1 MiB more per thread
+# for a 1M piece than for chunks; a 4M piece: +9 MiB, for good).
 LONGEST_FAST_PIECE = 1 << 20
 
 
