@@ -63,8 +63,7 @@ def test_fast_encoder_gets_latin_text_in_one_piece_per_thread(threads):
     assert tok.explain(longer)["requested_chunks"] == max(k, threads)
     other = read_text("multilingual", "udhr_all-languages_concatenated.txt")[:1_000_000]
     assert tok.explain(other)["requested_chunks"] == 16
-    for text in (prose, longer):
-        assert list(tok.encode(text)) == ref_ids(tok, text)
+    assert list(tok.encode(prose)) == ref_ids(tok, prose)
 
 
 def test_added_token_boundaries_are_cuts():
