@@ -51,9 +51,3 @@ class Chunker:
         if k < 2 or n < 256:
             return []
         return self.rules.plan(text, k, max(16, min(1024, n // (4 * k))), self.budgets)
-
-    def stateless_cuts(self, text: str, target: int | None = None) -> list[int]:
-        """Where the stateless route cuts ``text`` into chunks of about ``target`` characters
-        (default: the knob ``chunk_target``): none below the threshold."""
-        n = len(text)
-        return self.cuts(text, self.count(n, target)) if n >= self.threshold else []

@@ -221,7 +221,10 @@ class PieceEncoder:
     def stateless_cuts(self, text: str) -> list[int]:
         """Where the stateless route cuts ``text`` (chunks of about :meth:`chunk_target`; none
         below the knob ``chunk_threshold``): a first encode of a session is cut there too."""
-        return self.chunker.stateless_cuts(text, self.chunk_target(text))
+        n = len(text)
+        if n < self.chunker.threshold:  # the common case: no class sampling at all
+            return []
+        return self.chunker.cuts(text, self.chunker.count(n, self.chunk_target(text)))
 
     def segments(self, piece: str, lane: Lane | None = None
                  ) -> list[tuple[int, int, str | None]]:
