@@ -164,10 +164,7 @@ class PieceEncoder:
         """prefix + IDs + suffix of one text by the stateless route, in one buffer with
         ``headroom`` spare capacity; for input the reference rejects (e.g. a lone surrogate),
         whatever the reference does with the whole text."""
-        parts = self._body_or_none(text)
-        if parts is None:
-            return self.encode_by_reference(text, True)
-        return IdBuffer.concat(parts, self.prefix, self.suffix, headroom)
+        return self._whole(text, self._body_or_none(text), headroom)
 
     def encode_view(self, text: str, add_special_tokens: bool) -> memoryview:
         """:meth:`encode_whole` as a read-only int32 view, with the post-processor's affixes or
@@ -180,9 +177,8 @@ class PieceEncoder:
             view = memoryview(parts[0])
             if view.format == "i" and view.ndim == 1 and view.c_contiguous:
                 return view.toreadonly()
-        ids = self.encode_by_reference(text, True) if parts is None \
-            else IdBuffer.concat(parts, self.prefix, self.suffix)
-        return affixed_view(ids, add_special_tokens, len(self.prefix), len(self.suffix))
+        return affixed_view(self._whole(text, parts), add_special_tokens, len(self.prefix),
+                            len(self.suffix))
 
     def _body_or_none(self, text: str) -> list | None:
         """:meth:`encode_body`, or None for input the reference must judge whole."""
@@ -190,6 +186,13 @@ class PieceEncoder:
             return self.encode_body(text)
         except Exception:
             return None
+
+    def _whole(self, text: str, parts: list | None, headroom: int = 0) -> IdBuffer:
+        """prefix + ``parts`` + suffix in one buffer; ``parts`` None: the reference's encode of
+        the whole text."""
+        if parts is None:
+            return self.encode_by_reference(text, True)
+        return IdBuffer.concat(parts, self.prefix, self.suffix, headroom)
 
     def encode_by_reference(self, text, add_special_tokens) -> IdBuffer:
         """One reference encode of the whole text, post-processing by the reference (the route
@@ -218,13 +221,19 @@ class PieceEncoder:
             return target
         return max(target, min(LONGEST_FAST_PIECE, -(-len(text) // self.threads)))
 
-    def stateless_cuts(self, text: str) -> list[int]:
-        """Where the stateless route cuts ``text`` (chunks of about :meth:`chunk_target`; none
-        below the knob ``chunk_threshold``): a first encode of a session is cut there too."""
+    def chunk_count(self, text: str) -> int:
+        """How many chunks the stateless route cuts ``text`` into (of about
+        :meth:`chunk_target` characters; 1 below the knob ``chunk_threshold``)."""
         n = len(text)
         if n < self.chunker.threshold:  # the common case: no class sampling at all
-            return []
-        return self.chunker.cuts(text, self.chunker.count(n, self.chunk_target(text)))
+            return 1
+        return self.chunker.count(n, self.chunk_target(text))
+
+    def stateless_cuts(self, text: str) -> list[int]:
+        """Where the stateless route cuts ``text`` into :meth:`chunk_count` chunks: a first
+        encode of a session is cut there too."""
+        k = self.chunk_count(text)
+        return self.chunker.cuts(text, k) if k > 1 else []
 
     def segments(self, piece: str, lane: Lane | None = None
                  ) -> list[tuple[int, int, str | None]]:

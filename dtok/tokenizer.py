@@ -244,8 +244,7 @@ class Tokenizer:
         if n < self.knobs["chunk_threshold"]:
             return {**info, "route": "whole", "chunk_routes": self.pieces.routes([text]),
                     "why": f"{n} chars < chunk_threshold {self.knobs['chunk_threshold']}"}
-        target = self.pieces.chunk_target(text)
-        k = self.chunker.count(n, target)
+        k = self.pieces.chunk_count(text)
         t0 = time.perf_counter()
         cuts = self.chunker.cuts(text, k)
         plan_ms = (time.perf_counter() - t0) * 1e3
@@ -259,7 +258,7 @@ class Tokenizer:
         )
         info["chunk_routes"] = self.pieces.routes(split_at(text, cuts))
         if not cuts:
-            why = (f"one piece: chunks of about {target} characters aimed at" if k == 1
+            why = (f"one piece: {n} chars fit the chunk length aimed at" if k == 1
                    else "no safe cut within the scan budget")
             return {**info, "route": "whole", "why": why}
         routes = info["chunk_routes"]
