@@ -201,14 +201,23 @@ def accept_matrix(classes: list[str], accepted: list[tuple[str, str]]) -> bytes:
     return bytes(m)
 
 
-@lru_cache(maxsize=None)
+# tables built in this process that could not be written to the cache: kept, so built once
+_BUILT_IN_MEMORY: dict[tuple[str, str], FamilyTables] = {}
+
+
 def load(family_name: str) -> FamilyTables:
-    """Class table and transition matrix of a family for the installed ``tokenizers``."""
+    """Class table and transition matrix of a family for the installed ``tokenizers``.
+
+    Read from the package (or the cache) on each call, ~2 ms, not kept: a loaded tokenizer
+    holds its own guarded copy of the table, and a kept family table would be another 1 MiB
+    in every process."""
     family = FAMILIES[family_name]
     classes = list(CLASSES[family.name])
     if len(classes) >= 64:
         raise RuntimeError(f"{family.name}: too many classes for the table layout")
     version = tokenizers_version()
+    if (family.name, version) in _BUILT_IN_MEMORY:
+        return _BUILT_IN_MEMORY[family.name, version]
     name = file_name(family, version)
     table = None
     for path in (BUNDLED_DIR / name, cache_dir() / name):
@@ -236,5 +245,8 @@ def load(family_name: str) -> FamilyTables:
         except OSError as exc:  # read-only home: keep it in memory
             log.warning("dtok: could not cache table at %s: %s", path, exc)
             source = "built in memory"
-    return FamilyTables(family, table, accept_matrix(classes, ACCEPTED[family.name]),
-                        tuple(classes), source)
+    loaded = FamilyTables(family, table, accept_matrix(classes, ACCEPTED[family.name]),
+                          tuple(classes), source)
+    if source == "built in memory":
+        _BUILT_IN_MEMORY[family.name, version] = loaded
+    return loaded

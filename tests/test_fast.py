@@ -30,6 +30,35 @@ def fast_tok(name: str, **knobs) -> dtok.Tokenizer:
     return tok
 
 
+def test_installed_version_is_what_importlib_metadata_finds(monkeypatch, tmp_path):
+    """The guard tables are chosen by the encoders' versions: dtok's own lookup (no
+    importlib.metadata import) must give what importlib.metadata gives, wherever it looks."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from dtok.encoders import installed_version
+
+    def metadata(name):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    for name in ("tokenizers", "fastokens", "gigatoken", "Cython", "typing-extensions",
+                 "typing_extensions", "no-such-distribution-dtok"):
+        assert installed_version(name) == metadata(name), name
+    # first on sys.path wins; a folder with two dist-infos of one name is left to importlib
+    for folder, versions in (("a", ["9.8.7"]), ("b", ["1.0"]), ("c", ["2.0", "3.0"])):
+        for v in versions:
+            info = tmp_path / folder / f"Dtok_Probe-{v}.dist-info"
+            info.mkdir(parents=True)
+            (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: dtok-probe\n"
+                                           f"Version: {v}\n\nVersion: 0\n")
+    for order in (["a", "b"], ["b", "a"], ["c", "a"]):
+        monkeypatch.setattr(sys, "path", [str(tmp_path / f) for f in order] + sys.path)
+        assert installed_version("dtok-probe") == metadata("dtok-probe"), order
+        assert installed_version("dtok_probe") == metadata("dtok_probe"), order
+
+
 @pytest.mark.parametrize("name", MAIN_FILES)
 def test_auto_uses_fast_encoder_with_shipped_guards(name):
     tok = fast_tok(name)

@@ -45,15 +45,11 @@ def test_known_anchor_verdicts():
 
 
 def test_table_of_another_version_is_not_used(monkeypatch, tmp_path):
-    tables.load.cache_clear()
     monkeypatch.setattr(tables, "tokenizers_version", lambda: "0.0.0-not-installed")
     monkeypatch.setenv("DTOK_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("DTOK_TABLES", "strict")
-    try:
-        with pytest.raises(RuntimeError, match="no class table"):
-            tables.load("qwen2")
-    finally:
-        tables.load.cache_clear()
+    with pytest.raises(RuntimeError, match="no class table"):
+        tables.load("qwen2")
 
 
 def test_bundled_tables_match_installed_version():
@@ -66,11 +62,7 @@ def test_bundled_tables_match_installed_version():
 def test_rebuild_for_another_version(monkeypatch, tmp_path):
     """A version mismatch rebuilds from the reference, into the user cache, identically."""
     bundled = tables.load("llama3").table
-    tables.load.cache_clear()
     monkeypatch.setattr(tables, "tokenizers_version", lambda: "0.0.0-rebuild")
     monkeypatch.setenv("DTOK_CACHE_DIR", str(tmp_path))
-    try:
-        rebuilt = tables.load("llama3")
-        assert str(tmp_path) in rebuilt.source and rebuilt.table == bundled
-    finally:
-        tables.load.cache_clear()
+    rebuilt = tables.load("llama3")
+    assert str(tmp_path) in rebuilt.source and rebuilt.table == bundled
