@@ -83,15 +83,21 @@ def installed_version(package: str) -> str | None:
     first ``.dist-info`` of that name along ``sys.path``, its METADATA's Version. Read here
     directly because importing ``importlib.metadata`` loads ~50 modules (email, zipfile, csv,
     ...: 3.4 MiB of RSS in every process that loads a tokenizer); ``importlib.metadata`` is
-    asked only where the lookup is not plain (no dist-info, two in one folder, no Version)."""
-    prefix = re.sub(r"[-_.]+", "_", package).lower() + "-"
+    asked only where the lookup is not plain (no dist-info, two in one folder, no Version, a
+    zip on the path)."""
+    def normalized(name: str) -> str:  # PEP 503, as dist-info folder names are compared
+        return re.sub(r"[-_.]+", "_", name).lower()
+
+    wanted = normalized(package)
     for entry in sys.path:
         try:
             names = [n for n in os.listdir(entry or ".")
                      if n.endswith((".dist-info", ".egg-info"))
-                     and re.sub(r"[-_.]+", "_", n.split("-", 1)[0]).lower() + "-" == prefix]
-        except OSError:  # not a folder (a zip, a missing path)
-            continue
+                     and normalized(n.split("-", 1)[0]) == wanted]
+        except OSError:
+            if os.path.isfile(entry):  # a zip may hold distributions: importlib reads those
+                break
+            continue  # a path that does not exist
         if len(names) == 1 and names[0].endswith(".dist-info"):
             version = _metadata_version(os.path.join(entry or ".", names[0], "METADATA"))
             if version is not None:
