@@ -35,7 +35,9 @@ glibc's mallinfo2, in use plus mmapped chunks; RSS also holds pages glibc keeps 
 and what it holds by design (``held_mib``: the tokenizer's and the pool's stores as they account
 them against ``session_bytes``, the client's conversation texts, the texts of requests not
 answered yet and of answers waiting for the spool); workers' RSS and PSS too. The report gives,
-per front-end incarnation, growth and slope after warm-up of each, and ``rss_growth_beyond_held``.
+per front-end incarnation, growth and slope after warm-up of each, and ``rss_growth_beyond_held``
+(with ``--mem-detail`` also ``malloc_free_growth``: how much of it is free memory glibc keeps
+in its arenas).
 At a clean stop the front end closes its pools, clears its sessions and texts and samples again
 (``front_end_end_probe_mib``): malloc's live bytes back at their level after loading mean nothing
 was kept. Bisecting: ``--kinds``, ``--faults`` (``''``: none), ``--mem-detail`` (every 5 s:
@@ -899,8 +901,14 @@ def analyze(out: Path, args, checker, leaked_after_restart, end_names, restarts,
                           "rss_after_trims": [x[1] for x in fe_trim]})
         if fe_detail:
             after = [d for d in fe_detail if d[0] - fe_detail[0][0] >= 60] or fe_detail
+            first, last = after[0][1], after[-1][1]
+            # what glibc keeps free in its arenas (fragmentation, per-thread arenas) grew by
+            # this much: part of rss_growth_beyond_held that no object of the front end holds
+            free_growth = (round(last["malloc"]["free"] - first["malloc"]["free"], 1)
+                           if first.get("malloc") and last.get("malloc") else None)
             details.append({"seconds": round(after[-1][0] - after[0][0]),
-                            "after_warmup": after[0][1], "end": after[-1][1]})
+                            "after_warmup": first, "end": last,
+                            "malloc_free_growth": free_growth})
         for rid, a in ans.items():
             s = sub.get(rid)
             if s is None:
