@@ -31,13 +31,11 @@ turn, results dropped, held and held as lists, hot and cold caches, 64 sessions 
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
 import statistics
 import sys
 import tempfile
 import time
-from importlib import resources
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -46,6 +44,7 @@ os.environ["FASTOKENS_BPE_THREADS"] = "1"
 from common import SHARED, corpus, header, machine, summary, write_json  # noqa: E402
 
 import dtok  # noqa: E402
+from dtok.admission import bundled_files  # noqa: E402
 from dtok.chat import reasoning_chat, render_reasoning  # noqa: E402
 
 STYLES = {"qwen3": "r1:qwen", "llama3": "r1:llama3", "deepseek-v3": "r1:deepseek",
@@ -62,9 +61,9 @@ def qwen3_template():
     from transformers import AutoTokenizer
 
     d = Path(tempfile.mkdtemp())
-    data = resources.files("dtok") / "data" / "qwen3"
-    (d / "tokenizer.json").write_bytes(gzip.decompress((data / "tokenizer.json.gz").read_bytes()))
-    (d / "tokenizer_config.json").write_bytes((data / "tokenizer_config.json").read_bytes())
+    files = bundled_files()
+    (d / "tokenizer.json").write_bytes(files.raw)
+    (d / "tokenizer_config.json").write_bytes(files.config_path.read_bytes())
     return AutoTokenizer.from_pretrained(str(d))
 
 

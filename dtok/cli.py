@@ -11,7 +11,6 @@ import json
 import statistics
 import sys
 import time
-from importlib import resources
 from pathlib import Path
 from typing import Iterator
 
@@ -40,7 +39,7 @@ def _load(path: str | None, need_admitted: bool = False, **knobs) -> dtok.Tokeni
 def demo_text(name: str = "devils-dictionary.txt") -> str:
     """Real text shipped with the package (see dtok/data/demo/NOTICE): public-domain prose
     (Bierce, The Devil's Dictionary) and source code (ripgrep, Unlicense)."""
-    data = resources.files("dtok") / "data" / "demo" / f"{name}.gz"
+    data = Path(__file__).resolve().parent / "data" / "demo" / f"{name}.gz"
     return gzip.decompress(data.read_bytes()).decode("utf-8")
 
 

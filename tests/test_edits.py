@@ -2,17 +2,16 @@
 earlier think blocks, truncated tool output) reuses the stored IDs around the changes, exactly."""
 from __future__ import annotations
 
-import gzip
 import random
 import threading
 import zlib
-from importlib import resources
 
 import pytest
 
 import dtok
 from battery import FRAGMENTS, token_fragments
 from conftest import MAIN_FILES, load_tokenizer, read_text, ref_ids, ref_ids_many
+from dtok.admission import bundled_files
 from dtok.chat import reasoning_chat, render_reasoning
 from dtok.cli import demo_text
 
@@ -35,9 +34,9 @@ def qwen3_hf(tmp_path_factory):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("jinja2")
     d = tmp_path_factory.mktemp("qwen3")
-    data = resources.files("dtok") / "data" / "qwen3"
-    (d / "tokenizer.json").write_bytes(gzip.decompress((data / "tokenizer.json.gz").read_bytes()))
-    (d / "tokenizer_config.json").write_bytes((data / "tokenizer_config.json").read_bytes())
+    files = bundled_files()
+    (d / "tokenizer.json").write_bytes(files.raw)
+    (d / "tokenizer_config.json").write_bytes(files.config_path.read_bytes())
     return transformers.AutoTokenizer.from_pretrained(str(d))
 
 
