@@ -4,6 +4,7 @@ docstrings' examples run."""
 from __future__ import annotations
 
 import doctest
+import functools
 import importlib
 import re
 from pathlib import Path
@@ -21,6 +22,25 @@ LANGUAGES = {"python", "sh", "text"}
 FENCE = re.compile(r"^```(\S*)\n(.*?)^```$", re.M | re.S)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 INLINE_CODE = re.compile(r"`([^`]+)`")  # may wrap onto the next line
+
+
+@functools.lru_cache(maxsize=1)
+def _bundled():
+    import dtok
+    from dtok.admission import bundled_files
+
+    return dtok.Tokenizer(bundled_files())
+
+
+@pytest.fixture
+def one_default_load(monkeypatch):
+    """``Tokenizer.default()`` in the examples: the bundled file loaded once for all of them,
+    each call a tokenizer of its own (``with_knobs``: the loaded encoders shared, empty
+    session state), not a load of ~1.7 s each."""
+    import dtok
+
+    monkeypatch.setattr(dtok.Tokenizer, "default",
+                        classmethod(lambda cls, **knobs: _bundled().with_knobs(**knobs)))
 
 
 def page_id(page: Path) -> str:
@@ -73,12 +93,14 @@ def test_readme_is_short():
     assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 300
 
 
+@pytest.mark.usefixtures("one_default_load")
 def test_readme_examples():
     result = doctest.testfile(str(ROOT / "README.md"), module_relative=False,
                               optionflags=doctest.ELLIPSIS)
     assert result.attempted > 5 and result.failed == 0
 
 
+@pytest.mark.usefixtures("one_default_load")
 @pytest.mark.parametrize("page", PAGES[1:], ids=page_id)
 def test_page_examples(page):
     """Every python block of a page runs as a doctest (each page on its own globals)."""
@@ -179,6 +201,7 @@ def test_the_checks_catch_a_wrong_page(tmp_path, check, page):
         check(path)
 
 
+@pytest.mark.usefixtures("one_default_load")
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)

@@ -151,6 +151,24 @@ def test_section_comparison_ignores_serialization_and_offsets():
     assert set(identity.compare_sections(live, other)) >= {"model", "pre_tokenizer"}
 
 
+@pytest.mark.parametrize("name", ["qwen3", "llama3"])  # merges as pairs / as strings
+def test_section_comparison_finds_one_changed_id(name):
+    """The file compared as written (Qwen3's merges are pairs) and rewritten (Llama-3.1's are
+    strings): two vocabulary IDs swapped, or a token named ``trim_offsets`` added (a key
+    ignored outside the model only), make the model differ."""
+    import json
+
+    live = hf(name).backend_tokenizer.to_str()
+    doc = json.loads(shared_path("tokenizers", name, "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = doc["model"]["vocab"]
+    a, b = list(vocab)[1000:1002]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    assert identity.compare_sections(live, json.dumps(doc, ensure_ascii=False)) == ["model"]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    vocab["trim_offsets"] = len(vocab) + 1000
+    assert "model" in identity.compare_sections(live, json.dumps(doc, ensure_ascii=False))
+
+
 def test_trusted_overrides():
     """vLLM's thread-pool proxy overrides __call__ to delegate to copies: trusted by name;
     any other override keeps dtok out."""
