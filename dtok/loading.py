@@ -62,10 +62,10 @@ def load(files: TokenizerFiles, encoder: str = "auto",
     try:
         reference = Reference.from_buffer(files.raw)
     except Exception:
-        files.spec()  # a file that is not JSON gets dtok's clear ValueError
+        files.outline()  # a file that is not JSON gets dtok's clear ValueError
         raise
     # parsed only after the reference has loaded and freed its own parse: a lower peak
-    admission = admit(files, files.spec(), reference)
+    admission = admit(files, files.outline(), reference)
     notes: list[str] = []
     rules, fast, nfc_by_fast, second, second_classes = None, None, False, None, frozenset()
     if admission.admitted:

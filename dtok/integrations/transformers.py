@@ -76,7 +76,7 @@ class DtokTransformersTokenizer:
 
     def _source_files(self, source: str | os.PathLike) -> TokenizerFiles:
         files = read_files(source)
-        spec = files.spec()
+        spec = files.outline()
         if spec.get("truncation") is not None or spec.get("padding") is not None:
             raise ValueError(f"{files.path} sets truncation or padding")
         differ = compare_sections(self.hf.backend_tokenizer.to_str(), files.raw.decode("utf-8"))
