@@ -21,6 +21,10 @@
 
 ``--hold dropped|held|list_held`` sets how the sweep's caller holds results (``held``: the
 previous view alive while the next turn is encoded, as ``ids = pool.encode(...)`` in a loop).
+``--caller async`` makes the sweep's caller an event loop, as the engine hooks are: the pool
+through ``encode_async`` / ``encode_list_async`` (planning on the pool's submit thread, the
+answer through its dispatcher thread), in process through ``run_in_executor`` on one thread;
+the stages then begin with the hand-off from the loop to the submit thread.
 
     python benches/bench_pool.py --patterns [--size 1000000] [--repeats 3]
 
@@ -33,12 +37,14 @@ Writes bench-results/pool.json (pool-patterns.json).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import multiprocessing as mp
 import os
 import random
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -82,8 +88,36 @@ def _run_block(fn, texts, gaps_s, trace_out=None, hold="dropped"):
     return lat
 
 
+async def _run_block_async(fn, texts, gaps_s, trace_out=None, hold="dropped", called_out=None):
+    """:func:`_run_block` from an event loop: ``fn`` is awaited; ``called_out`` gets each call's
+    start (CLOCK_MONOTONIC, as the pool's trace)."""
+    lat = []
+    held = None
+    loop = asyncio.get_running_loop()
+    next_at = loop.time()
+    for text, gap in zip(texts, gaps_s):
+        next_at += gap
+        if next_at > loop.time():
+            await asyncio.sleep(next_at - loop.time())
+        if called_out is not None:
+            called_out.append(time.monotonic())
+        t0 = time.perf_counter()
+        out = await fn(text)
+        t1 = time.perf_counter()
+        lat.append(t1 - t0)
+        if trace_out is not None:
+            trace_out.append(time.monotonic())
+        if hold == "dropped":
+            del out
+        else:
+            held = out
+        next_at = max(next_at, loop.time())
+    del held
+    return lat
+
+
 def sweep(tok, pool, src: str, size: int, spacings, requests: int, repeats: int, check,
-          hold: str = "dropped"):
+          hold: str = "dropped", caller: str = "sync"):
     rows = []
     for spacing in spacings:
         reps = []
@@ -102,16 +136,23 @@ def sweep(tok, pool, src: str, size: int, spacings, requests: int, repeats: int,
             listed = hold == "list_held"
             on_pool = pool.encode_list if listed else pool.encode
             on_local = local.encode_list if listed else local.encode
+            called: list[float] | None = None
             for b in range(0, requests, BLOCK):
-                lat["pool"] += _run_block(lambda t: on_pool(t, session=key),
-                                          texts[b : b + BLOCK], gaps[b : b + BLOCK], returned,
+                block = (texts[b : b + BLOCK], gaps[b : b + BLOCK])
+                if caller == "async":
+                    called = [] if called is None else called
+                    lat["pool"] += asyncio.run(_async_block(pool, local, key, listed, block,
+                                                            returned, hold, called, "pool"))
+                    lat["in_process"] += asyncio.run(_async_block(
+                        pool, local, key, listed, block, None, hold, None, "in_process"))
+                    continue
+                lat["pool"] += _run_block(lambda t: on_pool(t, session=key), *block, returned,
                                           hold)
-                lat["in_process"] += _run_block(lambda t: on_local(t, session=key),
-                                                texts[b : b + BLOCK], gaps[b : b + BLOCK],
+                lat["in_process"] += _run_block(lambda t: on_local(t, session=key), *block,
                                                 hold=hold)
             check(pool.encode(texts[-1], session=key), texts[-1])
             check(local.encode(texts[-1], session=key), texts[-1])
-            stages = _stages(pool.trace[: len(returned)], returned)
+            stages = _stages(pool.trace[: len(returned)], returned, called)
             pool.trace = None
             reps.append({k: summary(v) for k, v in lat.items()} | {"stages_ms": stages})
         row = {"spacing_ms": spacing, "repeats": reps}
@@ -137,15 +178,32 @@ def sweep(tok, pool, src: str, size: int, spacings, requests: int, repeats: int,
     return rows
 
 
-def _stages(trace, returned):
+async def _async_block(pool, local, key, listed, block, returned, hold, called, who):
+    if who == "pool":
+        on = pool.encode_list_async if listed else pool.encode_async
+        return await _run_block_async(lambda t: on(t, session=key), *block, returned, hold,
+                                      called)
+    loop = asyncio.get_running_loop()
+    on_local = local.encode_list if listed else local.encode
+    with ThreadPoolExecutor(1) as ex:  # as the engine hooks run dtok in process
+        return await _run_block_async(
+            lambda t: loop.run_in_executor(ex, lambda: on_local(t, session=key)), *block,
+            hold=hold)
+
+
+def _stages(trace, returned, called=None):
     """Median ms of each stage of the traced pool requests (submit, sent, picked, answered,
-    harvested from the pool's trace; returned from the benchmark)."""
+    harvested from the pool's trace; returned from the benchmark; with ``called``, the calls'
+    starts on an event loop, before the hand-off to the pool's submit thread)."""
     names = ["plan+send", "worker wake", "worker work", "caller wake", "view+return"]
+    if called is not None:
+        names = ["loop to submit thread", *names]
+        names[-2:] = ["dispatcher wake", "harvest+wake the loop"]
     cols: dict[str, list[float]] = {n: [] for n in names}
-    for rec, ret in zip(trace, returned):
+    for i, (rec, ret) in enumerate(zip(trace, returned)):
         if len(rec) != 6:  # (kind, submit, sent, picked, answered, harvested)
             continue
-        t = [*rec[1:], ret]
+        t = [*rec[1:], ret] if called is None else [called[i], *rec[1:], ret]
         for name, a, b in zip(names, t, t[1:]):
             cols[name].append((b - a) * 1e3)
     return {k: statistics.median(v) if v else float("nan") for k, v in cols.items()}
@@ -215,6 +273,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--transfer", action="store_true")
     ap.add_argument("--hold", default="dropped", choices=patterns.PATTERNS)
+    ap.add_argument("--caller", default="sync", choices=["sync", "async"])
     ap.add_argument("--patterns", action="store_true")
     ap.add_argument("--kinds", nargs="*", default=["append", "edit"], help="--patterns: turns")
     args = ap.parse_args()
@@ -238,9 +297,9 @@ def main() -> None:
               f"spin_us {pool.spin_us}, in process: {tok.encoder.name}")
         if args.patterns:
             return patterns_pool(args, info, tok, pool, src, check, bad)
-        print(f"# results: {args.hold}")
+        print(f"# results: {args.hold}, caller: {args.caller}")
         rows = sweep(tok, pool, src, args.size, args.spacings, args.requests, args.repeats, check,
-                     args.hold)
+                     args.hold, args.caller)
         tr = transfer(tok, pool, path, src, args.size, 100) if args.transfer else None
         stats = pool.stats()
     print(f"exact: {'yes' if not bad else 'NO ' + str(bad)}")
