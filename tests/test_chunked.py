@@ -92,3 +92,37 @@ def test_single_thread_and_batch():
     pairs = [("a", "b")]
     assert [list(v) for v in tok.encode_batch(pairs)] == [
         e.ids for e in tok.reference.encode_batch(pairs)]
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama3"])
+def test_each_thread_routes_its_own_run_of_chunks(name):
+    """With several threads, each takes a contiguous run of a long text's chunks and routes it
+    itself (guard characters and text NFC would change go to the reference in a helper thread
+    too): the IDs are the reference's, and more than one thread did the routing."""
+    import threading
+
+    naughty = read_text("adversarial", "blns_big-list-of-naughty-strings.txt")  # guard characters
+    many = LONG["multilingual"]()
+    text = "".join(many[i * 50_000 : (i + 1) * 50_000] + naughty for i in range(4))
+    tok = load_tokenizer(name, threads=3, chunk_target=16384)
+    assert len(tok.explain(text)["cuts"]) >= 3
+    pieces = tok.pieces
+    routed_by = set()
+    encode_routed = pieces._encode_routed
+
+    def traced(*args, **kwargs):
+        routed_by.add(threading.get_ident())
+        return encode_routed(*args, **kwargs)
+
+    stretches_by = set()
+    encode_stretches = pieces.reference.encode_stretches
+
+    def traced_stretches(texts):
+        stretches_by.add(threading.get_ident())
+        return encode_stretches(texts)
+
+    pieces._encode_routed = traced
+    pieces.reference.encode_stretches = traced_stretches
+    for special in (True, False):
+        assert list(tok.encode(text, add_special_tokens=special)) == ref_ids(tok, text, special)
+    assert len(routed_by) >= 2 and len(stretches_by) >= 2
