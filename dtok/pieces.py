@@ -52,9 +52,9 @@ def text_class(piece: str) -> str:
     on (``tools/data/build_guards.py --speed``)."""
     if piece.isascii():
         return "latin"
-    # 16 runs of 256 characters spread over the piece: reading every 61st character of 1M
-    # (every cache line of a 2-byte string, cold) took ~0.6 ms, a tenth of the encode it
-    # decides on; a few runs of contiguous memory take microseconds
+    # a few runs of contiguous characters spread over the piece: reading every 61st character
+    # of 1M instead (every cache line of a 2-byte string, cold) took ~0.6 ms, a tenth of the
+    # encode it decides on
     step = len(piece) // CLASS_RUNS
     sample = piece if step <= CLASS_RUN else \
         "".join([piece[i : i + CLASS_RUN] for i in range(0, len(piece), step)])
