@@ -75,17 +75,22 @@ def _run_block(fn, texts, gaps_s, trace_out=None, hold="dropped"):
             time.sleep(next_at - now)
         t0 = time.perf_counter()
         out = fn(text)
-        t1 = time.perf_counter()
-        lat.append(t1 - t0)
-        if trace_out is not None:
-            trace_out.append(time.monotonic())
-        if hold == "dropped":
-            del out
-        else:
-            held = out  # the previous result stays alive while the next one is encoded
+        t1 = _returned(lat, t0, trace_out)
+        held = None if hold == "dropped" else out  # alive while the next one is encoded
+        del out
         next_at = max(next_at, t1)
     del held
     return lat
+
+
+def _returned(lat: list, t0: float, trace_out) -> float:
+    """Note a call that started at ``t0`` (perf_counter) and has just returned: its latency,
+    and (``trace_out``) when it returned on the pool's clock."""
+    t1 = time.perf_counter()
+    lat.append(t1 - t0)
+    if trace_out is not None:
+        trace_out.append(time.monotonic())
+    return t1
 
 
 async def _run_block_async(fn, texts, gaps_s, trace_out=None, hold="dropped", called_out=None):
@@ -103,14 +108,9 @@ async def _run_block_async(fn, texts, gaps_s, trace_out=None, hold="dropped", ca
             called_out.append(time.monotonic())
         t0 = time.perf_counter()
         out = await fn(text)
-        t1 = time.perf_counter()
-        lat.append(t1 - t0)
-        if trace_out is not None:
-            trace_out.append(time.monotonic())
-        if hold == "dropped":
-            del out
-        else:
-            held = out
+        _returned(lat, t0, trace_out)
+        held = None if hold == "dropped" else out
+        del out
         next_at = max(next_at, loop.time())
     del held
     return lat
