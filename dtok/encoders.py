@@ -153,21 +153,52 @@ def _pinned(name: str, installed: str | None, pinned: str) -> str:
     return installed
 
 
-def from_json_bytes(load_file, load_str, raw: bytes):
-    """A native encoder made from tokenizer.json's bytes: read by the encoder from a memory file
-    where the system has them (Linux), else handed over as a str. From a str the JSON is held
-    three times at once (the bytes, the str, its UTF-8 form): on Qwen3 a load's peak was 24 MiB
-    higher (measured)."""
-    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
-        fd = os.memfd_create("dtok-tokenizer-json", os.MFD_CLOEXEC)
-        try:
+class JsonFile:
+    """tokenizer.json's bytes for the native encoders: in a memory file they read by path, where
+    the system has them (Linux), else the bytes themselves. Once the memory file holds them, the
+    bytes object may go (a caller that handed it over lets it go before the encoders parse their
+    copy: a load's peak is lower by the file's size). From a str the JSON would be held three
+    times at once (the bytes, the str, its UTF-8 form): on Qwen3 a load's peak was 24 MiB higher
+    (measured)."""
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw: bytes | None = raw
+        self._fd: int | None = None
+        if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+            self._fd = os.memfd_create("dtok-tokenizer-json", os.MFD_CLOEXEC)
             view = memoryview(raw)
             while view:
-                view = view[os.write(fd, view):]
-            return load_file(f"/proc/self/fd/{fd}")
-        finally:
-            os.close(fd)
-    return load_str(raw.decode("utf-8"))
+                view = view[os.write(self._fd, view):]
+            self._raw = None
+
+    def load(self, load_file, load_str):
+        """A native encoder made by ``load_file(path)``, or ``load_str(json)`` without a file."""
+        if self._fd is not None:
+            return load_file(f"/proc/self/fd/{self._fd}")
+        return load_str(self._raw.decode("utf-8"))
+
+    def text(self) -> str:
+        """The JSON as a str (for an encoder that reads nothing else)."""
+        if self._fd is None:
+            return self._raw.decode("utf-8")
+        return os.pread(self._fd, os.fstat(self._fd).st_size, 0).decode("utf-8")
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._raw = None
+
+    def __enter__(self) -> "JsonFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _json_file(raw_json: "bytes | JsonFile") -> tuple["JsonFile", bool]:
+    """(a JsonFile for ``raw_json``, whether it was made here and is closed by the caller)."""
+    return (raw_json, False) if isinstance(raw_json, JsonFile) else (JsonFile(raw_json), True)
 
 
 class FastEncoder:
@@ -176,13 +207,18 @@ class FastEncoder:
 
     name = "fastokens"
 
-    def __init__(self, raw_json: bytes, reference) -> None:
+    def __init__(self, raw_json: bytes | JsonFile, reference) -> None:
         version = _pinned("fastokens", fastokens_version(), FASTOKENS_VERSION)
         import fastokens
 
-        with _without_cache_env():
-            self.native = from_json_bytes(fastokens.Tokenizer.from_file,
-                                          fastokens.Tokenizer.from_json_str, raw_json)
+        json_file, made = _json_file(raw_json)
+        try:
+            with _without_cache_env():
+                self.native = json_file.load(fastokens.Tokenizer.from_file,
+                                             fastokens.Tokenizer.from_json_str)
+        finally:
+            if made:
+                json_file.close()
         self.native.enable_segment_cache(0)
         self.version = version
         verify_light(self.native, reference)
@@ -215,7 +251,8 @@ class GigaEncoder:
     name = "gigatoken"
     RENEW_CHARS = 64 << 20
 
-    def __init__(self, raw_json: bytes, reference, renew_chars: int | None = None) -> None:
+    def __init__(self, raw_json: bytes | JsonFile, reference,
+                 renew_chars: int | None = None) -> None:
         version = _pinned("gigatoken", gigatoken_version(), GIGATOKEN_VERSION)
         import gigatoken
 
@@ -225,7 +262,9 @@ class GigaEncoder:
         self.renew_chars = renew_chars or self.RENEW_CHARS
         self.renewals = 0
         self._chars = 0
-        self.native = self._load(raw_json.decode("utf-8"))  # it reads JSON from a str only
+        # it reads JSON from a str only
+        self.native = self._load(raw_json.text() if isinstance(raw_json, JsonFile)
+                                 else raw_json.decode("utf-8"))
         verify_giga(self.native, reference)
 
     def _load(self, raw_json: str):

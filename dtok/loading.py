@@ -9,8 +9,8 @@ from typing import Any, NamedTuple
 
 from dtok import guards, tables
 from dtok.admission import Admission, TokenizerFiles, admit
-from dtok.encoders import (FastEncoder, FastEncoderError, GigaEncoder, fastokens_version,
-                           gigatoken_version)
+from dtok.encoders import (FastEncoder, FastEncoderError, GigaEncoder, JsonFile,
+                           fastokens_version, gigatoken_version)
 from dtok_ext.cuts import CutRules
 from dtok_ext.specials import SpecialMatcher
 
@@ -77,13 +77,14 @@ def load(files: TokenizerFiles, encoder: str = "auto",
         specials = SpecialMatcher([s for s in admission.added_tokens if s not in literal_set])
         normalize = reference.normalizer.normalize_str if admission.nfc else None
         if encoder != "reference":
-            def json_bytes() -> bytes:  # made for each encoder and dropped: a lower peak
-                return files.raw or reference.to_str().encode("utf-8")
-
-            fast, guard = _load_fast(files, json_bytes, reference, admission, encoder == "fast",
-                                     notes)
-            giga, giga_guard = _load_giga(json_bytes, reference, admission, fast is not None,
-                                          notes)
+            with JsonFile(files.raw or reference.to_str().encode("utf-8")) as json_file:
+                # the memory file holds the bytes now: a caller that handed them over (a path
+                # given to Tokenizer) lets them go here, before the fast encoders parse
+                files = files.released()
+                fast, guard = _load_fast(files, json_file, reference, admission,
+                                         encoder == "fast", notes)
+                giga, giga_guard = _load_giga(json_file, reference, admission, fast is not None,
+                                              notes)
             if fast is None and giga is not None:  # gigatoken is the only one
                 fast, guard, giga = giga, giga_guard, None
             if guard is not None:
@@ -114,7 +115,7 @@ def load(files: TokenizerFiles, encoder: str = "auto",
     return loaded
 
 
-def _load_fast(files: TokenizerFiles, json_bytes, reference, admission: Admission,
+def _load_fast(files: TokenizerFiles, json_file: JsonFile, reference, admission: Admission,
                strict: bool, notes: list[str]):
     """The fast encoder and its guard table, or (None, None) and a note saying why not."""
     version = fastokens_version()
@@ -124,7 +125,7 @@ def _load_fast(files: TokenizerFiles, json_bytes, reference, admission: Admissio
                      else "no guard table for this file and versions (build one: dtok guards PATH)")
         return None, None
     try:
-        fast = FastEncoder(json_bytes(), reference)
+        fast = FastEncoder(json_file, reference)
     except FastEncoderError as exc:
         if strict:
             raise
@@ -145,7 +146,7 @@ def _load_fast(files: TokenizerFiles, json_bytes, reference, admission: Admissio
     return fast, guard
 
 
-def _load_giga(json_bytes, reference, admission: Admission, fast_loaded: bool,
+def _load_giga(json_file: JsonFile, reference, admission: Admission, fast_loaded: bool,
                notes: list[str]):
     """gigatoken and its guard table, where a table was built and (next to fastokens) it
     measured faster on some text class; else (None, None), with a note."""
@@ -166,7 +167,7 @@ def _load_giga(json_bytes, reference, admission: Admission, fast_loaded: bool,
                      f"fastokens on any text class: {guard.speed})")
         return None, None
     try:
-        giga = GigaEncoder(json_bytes(), reference)
+        giga = GigaEncoder(json_file, reference)
     except FastEncoderError as exc:
         notes.append(f"gigatoken refused: {exc}")
         return None, None

@@ -55,9 +55,10 @@ class Tokenizer:
         'qwen2'
         """
         knobs = validate(knobs)  # fail fast, before reading a large file
-        if not isinstance(files, TokenizerFiles):
-            files = read_files(files)
-        self._assemble(load(files, knobs["encoder"], knobs["encode_special_tokens"]), knobs)
+        # a file read here is handed over to load, which lets its bytes go once the fast
+        # encoders' copy is made (a load's peak lower by the file's size)
+        self._assemble(load(files if isinstance(files, TokenizerFiles) else read_files(files),
+                            knobs["encoder"], knobs["encode_special_tokens"]), knobs)
 
     def _assemble(self, loaded: Loaded, knobs: dict[str, Any]) -> None:
         """The per-instance parts that the knobs decide, over the loaded ones."""
