@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from dtok.chunking import Chunker, split_at
@@ -128,13 +129,9 @@ class PieceEncoder:
             return [[ids] for ids in self._map(self.reference.encode, pieces)]
         runs = [] if batch or len(pieces) == 1 else self._groups(list(enumerate(pieces)))
         if len(runs) > 1:
-            pool = self._pool()
-            pending = [pool.submit(self._encode_routed, [p for _, p in run], False)
-                       for run in runs[1:]]
-            out = self._encode_routed([p for _, p in runs[0]], False)
-            for fut in pending:
-                out += fut.result()
-            return out
+            return [out for outs in self._at_once(
+                [partial(self._encode_routed, [p for _, p in run], False) for run in runs])
+                for out in outs]
         return self._encode_routed(pieces, True, batch)
 
     def _encode_routed(self, pieces: list[str], parallel: bool, batch: bool = False
@@ -163,17 +160,11 @@ class PieceEncoder:
         calls = [(lane.encoder.encode_many, g)
                  for lane, items in zip(lanes, by_lane) for g in groups(items)]
         calls += [(self.reference.encode_stretches, g) for g in groups(slow, batch)]
+        jobs = [partial(fn, [t for _, t in g]) for fn, g in calls]
         results: list = [None] * len(owner)
-        pending = []
-        if len(calls) > 1 and parallel:
-            pool = self._pool()
-            pending = [(g, pool.submit(fn, [t for _, t in g])) for fn, g in calls[1:]]
-            calls = calls[:1]
-        for fn, g in calls:
-            for (j, _), ids in zip(g, fn([t for _, t in g])):
-                results[j] = ids
-        for g, fut in pending:
-            for (j, _), ids in zip(g, fut.result()):
+        for (_, g), answer in zip(calls, self._at_once(jobs) if parallel else
+                                  [job() for job in jobs]):
+            for (j, _), ids in zip(g, answer):
                 results[j] = ids
         out: list[list] = [[] for _ in pieces]
         for j, i in enumerate(owner):
@@ -403,6 +394,14 @@ class PieceEncoder:
             self._pieces["fast"] += fast
             self._pieces["reference"] += reference
             self._pieces["second"] += second
+
+    def _at_once(self, jobs: list) -> list:
+        """The results of ``jobs`` (callables), in order: the first run in this thread while the
+        others, handed out before it starts, run on the thread pool."""
+        if len(jobs) <= 1:
+            return [job() for job in jobs]
+        pending = [self._pool().submit(job) for job in jobs[1:]]
+        return [jobs[0](), *(fut.result() for fut in pending)]
 
     def _map(self, fn, items: list) -> list:
         if self.threads == 1 or len(items) == 1:
