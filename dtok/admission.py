@@ -19,17 +19,15 @@ Anything else is encoded by the reference, whole, and :attr:`Admission.reasons` 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from dtok.digests import sha256
+from dtok.digests import sha256 as _sha256
 from dtok.families import identify
 from dtok_ext.outline import emptied
 
 
-@dataclass(frozen=True)
-class Admission:
+class Admission(NamedTuple):
     """Whether dtok may cut texts for this file, and why (or why not)."""
 
     admitted: bool
@@ -39,33 +37,45 @@ class Admission:
     nfc: bool = False
     prefix: tuple[int, ...] = ()  # IDs the post-processor puts before the text
     suffix: tuple[int, ...] = ()  # ... and after it
-    added_tokens: tuple[str, ...] = field(default=(), repr=False)
-    special_tokens: tuple[str, ...] = field(default=(), repr=False)  # those marked special
+    added_tokens: tuple[str, ...] = ()
+    special_tokens: tuple[str, ...] = ()  # those marked special
 
     def __bool__(self) -> bool:
         return self.admitted
 
+    def __repr__(self) -> str:  # without the token lists (hundreds of strings)
+        return (f"Admission(admitted={self.admitted!r}, family={self.family!r}, "
+                f"reasons={self.reasons!r}, sha256={self.sha256!r}, nfc={self.nfc!r}, "
+                f"prefix={self.prefix!r}, suffix={self.suffix!r})")
 
-@dataclass(frozen=True)
+
 class TokenizerFiles:
     """The files behind one tokenizer: tokenizer.json (bytes) and its optional config (parsed).
 
     A loaded :class:`dtok.Tokenizer` keeps only :meth:`released` (no bytes, ~11 MB for Qwen3);
     ``Tokenizer.tokenizer_json()`` serializes the loaded reference when the JSON is needed."""
 
-    path: Path
-    raw: bytes
-    config: dict[str, Any] | None
-    config_path: Path | None
-    sha256: str = ""  # of the file's bytes; computed from raw when not given
+    __slots__ = ("path", "raw", "config", "config_path", "sha256")
 
-    def __post_init__(self) -> None:
-        if not self.sha256:
-            object.__setattr__(self, "sha256", sha256(self.raw).hexdigest())
+    def __init__(self, path: Path, raw: bytes, config: dict[str, Any] | None,
+                 config_path: Path | None, sha256: str = "") -> None:
+        self.path = path
+        self.raw = raw
+        self.config = config
+        self.config_path = config_path
+        # of the file's bytes; computed from raw when not given
+        self.sha256 = sha256 or _sha256(raw).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"TokenizerFiles({str(self.path)!r}, {len(self.raw)} bytes, sha256={self.sha256!r})"
+
+    def with_raw(self, raw: bytes) -> "TokenizerFiles":
+        """The same description holding ``raw`` as its bytes (path, config and SHA-256 kept)."""
+        return TokenizerFiles(self.path, raw, self.config, self.config_path, self.sha256)
 
     def released(self) -> "TokenizerFiles":
         """The same description without the file's bytes (path, config and SHA-256 kept)."""
-        return replace(self, raw=b"")
+        return self.with_raw(b"")
 
     def outline(self) -> dict[str, Any]:
         """tokenizer.json parsed, on each call, with the model's vocabulary and merges empty:

@@ -58,9 +58,9 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from types import MappingProxyType
+from typing import Callable, NamedTuple
 
 from dtok import tables
 from dtok.encoders import FastEncoder, FastEncoderError
@@ -72,17 +72,21 @@ BUNDLED_DIR = Path(__file__).parent / "data" / "guards"
 _BLOCK = 8192
 
 
-@dataclass(frozen=True)
-class GuardTable:
+_NONE: dict = MappingProxyType({})  # an empty, read-only default
+
+
+class GuardTable(NamedTuple):
+    """What one fast encoder's probes found on one file under one ``tokenizers`` version."""
+
     sha256: str
     tokenizers: str
     fastokens: str  # the fast encoder's version (the field keeps its first encoder's name)
     disagree: tuple[int, ...]  # code points where the probes found a difference
     checked: dict  # what the build compared
     source: str
-    nfc: dict = field(default_factory=dict)  # the NFC proof: agrees, probes, unprobed, failures
+    nfc: dict = _NONE  # the NFC proof: agrees, probes, unprobed, failures
     encoder: str = "fastokens"  # which fast encoder the probes ran ("fastokens", "gigatoken")
-    speed: dict = field(default_factory=dict)  # text class -> ms per 1M chars, measured at build
+    speed: dict = _NONE  # text class -> ms per 1M chars, measured at build
 
     @property
     def nfc_proven(self) -> bool:
@@ -182,7 +186,7 @@ def build(reference, fast: FastEncoder, sha256: str, out_dir: Path | None = None
     text = json.dumps(payload, indent=1)
     tmp.write_text(re.sub(r"\[\n\s+(\d+),\n\s+(\d+)\n\s+\]", r"[\1, \2]", text))  # runs on one line
     os.replace(tmp, path)
-    return GuardTable(**{**table.__dict__, "source": str(path)})
+    return table._replace(source=str(path))
 
 
 def _guard_mask(table: bytes, disagree) -> bytearray:

@@ -3,11 +3,10 @@ behind their guard tables (:mod:`dtok.guards`). What this makes is one :class:`L
 shared by every :meth:`dtok.Tokenizer.with_knobs` copy of a tokenizer."""
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from dtok import guards, tables
+from dtok.logs import logger
 from dtok.admission import Admission, TokenizerFiles, admit
 from dtok.encoders import (FastEncoder, FastEncoderError, GigaEncoder, JsonFile,
                            fastokens_version, gigatoken_version)
@@ -15,8 +14,6 @@ from dtok_ext.cuts import CutRules
 from dtok_ext.specials import SpecialMatcher
 
 __all__ = ["Lane", "Loaded", "load", "SECOND_WINS"]
-
-log = logging.getLogger("dtok")
 
 # The second fast encoder takes a text class when its guard table measured it at most this
 # fraction of fastokens' time on that class (a margin over the measurement's noise).
@@ -31,8 +28,7 @@ class Lane(NamedTuple):
     nfc_by_fast: bool  # its guard table proves its NFC equals the reference's
 
 
-@dataclass(frozen=True)
-class Loaded:
+class Loaded(NamedTuple):
     """The parts loading a file made. ``fast``: the main fast encoder (None: the reference
     encodes everything), guarded by ``rules``; ``second``: gigatoken's lane where it serves
     ``second_classes`` of text (:func:`dtok.pieces.text_class`)."""
@@ -132,9 +128,9 @@ def _load_fast(files: TokenizerFiles, json_file: JsonFile, reference, admission:
         notes.append(f"fast encoder refused: {exc}")
         return None, None
     if guard is None:
-        log.warning("dtok: building the fast encoder's guard table for %s (minutes)", files.path)
+        logger().warning("dtok: building the fast encoder's guard table for %s (minutes)", files.path)
         guard = guards.build(reference, fast, admission.sha256,
-                             progress=lambda msg: log.info("dtok guards: %s", msg),
+                             progress=lambda msg: logger().info("dtok guards: %s", msg),
                              nfc_family=admission.family if admission.nfc else None)
     notes.append(f"fastokens {fast.version}, guard table {guard.source} "
                  f"({len(guard.disagree)} disagreeing code points + unassigned)")

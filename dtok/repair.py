@@ -45,8 +45,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 from dtok.chunking import split_at
 from dtok_ext.align import common_prefix, match_runs
@@ -87,46 +86,60 @@ class Anchors:
         return f"<Anchors {len(self)}: {list(zip(self.offsets[:6], self.tokens[:6]))}...>"
 
 
-@dataclass
 class Seam:
     """The token index of a cut x of the old text: an anchor's token index, moved by the IDs of
     the old text between the anchor and x (texts[snippet]; -1: x is the anchor)."""
 
-    anchor_token: int
-    snippet: int = -1
-    forward: bool = True
+    __slots__ = ("anchor_token", "snippet", "forward")
+
+    def __init__(self, anchor_token: int, snippet: int = -1, forward: bool = True) -> None:
+        self.anchor_token = anchor_token
+        self.snippet = snippet
+        self.forward = forward
 
 
-@dataclass
 class Reuse:
-    new_start: int
-    new_end: int
-    old_start: int
-    old_end: int
-    start: Seam
-    end: Seam
-    equal: tuple[int, int, int]  # the whole equal stretch (old_start, old_end, new_start)
+    """A stretch of the new text whose IDs are the old text's between two seams."""
+
+    __slots__ = ("new_start", "new_end", "old_start", "old_end", "start", "end", "equal")
+
+    def __init__(self, new_start: int, new_end: int, old_start: int, old_end: int, start: Seam,
+                 end: Seam, equal: tuple[int, int, int]) -> None:
+        self.new_start = new_start
+        self.new_end = new_end
+        self.old_start = old_start
+        self.old_end = old_end
+        self.start = start
+        self.end = end
+        self.equal = equal  # the whole equal stretch (old_start, old_end, new_start)
 
 
-@dataclass
 class Fresh:
-    new_start: int
-    new_end: int
-    cuts: list[int]  # grid cuts inside (offsets in the new text)
-    first_text: int  # texts[first_text : first_text + len(cuts) + 1] are its pieces
+    """A stretch of the new text to encode, cut on the anchor grid."""
+
+    __slots__ = ("new_start", "new_end", "cuts", "first_text")
+
+    def __init__(self, new_start: int, new_end: int, cuts: list[int], first_text: int) -> None:
+        self.new_start = new_start
+        self.new_end = new_end
+        self.cuts = cuts  # grid cuts inside (offsets in the new text)
+        self.first_text = first_text  # texts[first_text : first_text + len(cuts) + 1]: its pieces
 
 
-@dataclass
 class Plan:
     """How to build the IDs of ``new``: ops in text order and the texts to encode."""
 
-    kind: str  # "hit", "append", "edit", "encode"
-    old_len: int
-    new_len: int
-    ops: list = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
-    prefix_len: int = 0  # common prefix of old and new
-    work: int = 0  # alignment work (characters)
+    __slots__ = ("kind", "old_len", "new_len", "ops", "texts", "prefix_len", "work")
+
+    def __init__(self, kind: str, old_len: int, new_len: int, ops: list | None = None,
+                 texts: list[str] | None = None, prefix_len: int = 0, work: int = 0) -> None:
+        self.kind = kind  # "hit", "append", "edit", "encode"
+        self.old_len = old_len
+        self.new_len = new_len
+        self.ops = [] if ops is None else ops
+        self.texts = [] if texts is None else texts
+        self.prefix_len = prefix_len  # common prefix of old and new
+        self.work = work  # alignment work (characters)
 
     @property
     def reused(self) -> list[Reuse]:
@@ -161,8 +174,7 @@ class CutRulesLike(Protocol):
     def grid(self, text: str, start: int, end: int, spacing: int, budget: int) -> list[int]: ...
 
 
-@dataclass(frozen=True)
-class PlanKnobs:
+class PlanKnobs(NamedTuple):
     scan_budget: int  # how far a seam may move from where the texts stop agreeing
     spacing: int  # anchor grid spacing (characters)
     edit_budget: int  # characters of alignment work before the search stops
@@ -248,15 +260,18 @@ def _add_fresh(plan: Plan, rules: CutRulesLike, text: str, start: int, end: int,
 # --- execution (in process, or in a pool worker) ------------------------------------------------
 
 
-@dataclass
 class Outcome:
     """What executing a plan gave: the first ``keep`` old IDs stay where they are; ``tail`` (int32
     buffers, maybe slices of the old IDs) follows them; ``counts`` are the IDs of each text."""
 
-    keep: int
-    tail: list
-    resolved: list[tuple[int, int]]  # per Reuse op: its old token range
-    counts: list[int]
+    __slots__ = ("keep", "tail", "resolved", "counts")
+
+    def __init__(self, keep: int, tail: list, resolved: list[tuple[int, int]],
+                 counts: list[int]) -> None:
+        self.keep = keep
+        self.tail = tail
+        self.resolved = resolved  # per Reuse op: its old token range
+        self.counts = counts
 
     @property
     def n_body(self) -> int:

@@ -36,7 +36,6 @@ import os
 import sys
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Hashable
 
 from dtok.digests import blake2b
@@ -121,13 +120,24 @@ def checkpoints(n: int) -> list[int]:
     return out
 
 
-@dataclass(frozen=True)
 class ScopedKey:
     """A session key inside a scope: equal only to the same key in the same scope (never to a
     plain key or tuple a caller might pass)."""
 
-    scope: Hashable
-    key: Hashable
+    __slots__ = ("scope", "key")
+
+    def __init__(self, scope: Hashable, key: Hashable) -> None:
+        self.scope = scope
+        self.key = key
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is ScopedKey and other.scope == self.scope and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash((ScopedKey, self.scope, self.key))
+
+    def __repr__(self) -> str:
+        return f"ScopedKey(scope={self.scope!r}, key={self.key!r})"
 
 
 def scoped_key(key: Hashable, scope: Hashable | None) -> Hashable:
@@ -207,26 +217,29 @@ class ContentIndex:
         item.end_key, item.ckpt_keys = None, ()
 
 
-@dataclass(eq=False)
 class Entry:
     """One stored transcript: its text, IDs (prefix + body + suffix), anchors and lock."""
 
-    key: Hashable | None
-    text: str | None = None
-    buf: IdBuffer | None = None
-    anchors: Anchors | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    nbytes: int = 0  # accounted bytes: text object + ID buffer capacity + anchors
-    evicted: bool = False
-    used: int = 0  # store clock at last use (content lookup prefers the most recent)
-    unchanged: int = 0  # leading IDs (prefix included) the last request left as they were
-    lists: KeptLists = field(default_factory=KeptLists)  # what encode_list handed out
-    # The buffer that was current before the last copy on write (a caller held a view of it),
-    # kept for the next one: its first ``spare_valid`` IDs still equal ``buf``'s.
-    spare: IdBuffer | None = None
-    spare_valid: int = 0
-    end_key: tuple[int, int] | None = None  # content entries: (length, fingerprint)
-    ckpt_keys: tuple[tuple[int, int], ...] = ()
+    __slots__ = ("key", "text", "buf", "anchors", "lock", "nbytes", "evicted", "used",
+                 "unchanged", "lists", "spare", "spare_valid", "end_key", "ckpt_keys")
+
+    def __init__(self, key: Hashable | None) -> None:
+        self.key = key
+        self.text: str | None = None
+        self.buf: IdBuffer | None = None
+        self.anchors: Anchors | None = None
+        self.lock = threading.Lock()
+        self.nbytes = 0  # accounted bytes: text object + ID buffer capacity + anchors
+        self.evicted = False
+        self.used = 0  # store clock at last use (content lookup prefers the most recent)
+        self.unchanged = 0  # leading IDs (prefix included) the last request left as they were
+        self.lists = KeptLists()  # what encode_list handed out
+        # The buffer that was current before the last copy on write (a caller held a view of
+        # it), kept for the next one: its first ``spare_valid`` IDs still equal ``buf``'s.
+        self.spare: IdBuffer | None = None
+        self.spare_valid = 0
+        self.end_key: tuple[int, int] | None = None  # content entries: (length, fingerprint)
+        self.ckpt_keys: tuple[tuple[int, int], ...] = ()
 
 
 class SessionStore:

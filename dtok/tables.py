@@ -16,16 +16,15 @@ imported only by the functions that build tables: loading one does not need it (
 """
 from __future__ import annotations
 
-import gzip
-import logging
 import os
-from dataclasses import dataclass
+import zlib
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 from dtok.families import ACCEPTED, CLASSES, FAMILIES, TABLES_DIR, Family
+from dtok.logs import logger
 
-log = logging.getLogger("dtok")
 
 SCHEMA = 2
 N_CODEPOINTS = 0x110000
@@ -177,6 +176,8 @@ def file_name(family: Family, version: str) -> str:
 def write_table(path: Path, table: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
+    import gzip  # only where a table is built: reading needs zlib alone
+
     tmp.write_bytes(gzip.compress(table, 9, mtime=0))
     os.replace(tmp, path)  # atomic: concurrent builders never see half a file
 
@@ -184,8 +185,7 @@ def write_table(path: Path, table: bytes) -> None:
 # --- loading --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class FamilyTables:
+class FamilyTables(NamedTuple):
     family: Family
     table: bytes  # N_CODEPOINTS bytes
     accept: bytes  # 64 x 64 bytes, accept[x * 64 + y]
@@ -222,28 +222,28 @@ def load(family_name: str) -> FamilyTables:
     table = None
     for path in (BUNDLED_DIR / name, cache_dir() / name):
         if path.exists():
-            data = gzip.decompress(path.read_bytes())
+            data = zlib.decompress(path.read_bytes(), 16 + zlib.MAX_WBITS)  # gzip's format
             if len(data) == N_CODEPOINTS:
                 table, source = data, str(path)
                 break
-            log.warning("dtok: ignoring damaged table %s", path)
+            logger().warning("dtok: ignoring damaged table %s", path)
     if table is None:
         if os.environ.get("DTOK_TABLES") == "strict":
             raise RuntimeError(
                 f"no class table for family {family.name} and tokenizers {version} "
                 "(DTOK_TABLES=strict forbids building one)"
             )
-        log.warning("dtok: building %s tables for tokenizers %s (one-time)", family.name, version)
+        logger().warning("dtok: building %s tables for tokenizers %s (one-time)", family.name, version)
         table, unknown = build_table(family, classes)
         if unknown:
-            log.warning("dtok: %s: classes %s are new in tokenizers %s; never cut next to them",
+            logger().warning("dtok: %s: classes %s are new in tokenizers %s; never cut next to them",
                         family.name, unknown, version)
         path = cache_dir() / name
         try:
             write_table(path, table)
             source = str(path)
         except OSError as exc:  # read-only home: keep it in memory
-            log.warning("dtok: could not cache table at %s: %s", path, exc)
+            logger().warning("dtok: could not cache table at %s: %s", path, exc)
             source = "built in memory"
     loaded = FamilyTables(family, table, accept_matrix(classes, ACCEPTED[family.name]),
                           tuple(classes), source)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
 from typing import Any, Hashable, Sequence
 
 from dtok.admission import Admission, TokenizerFiles, bundled_files, read_files
@@ -101,7 +100,7 @@ class Tokenizer:
             # the fast encoder was never loaded, or the reference's switch differs: load the
             # file again from the reference's JSON (same SHA-256 of the original bytes, so the
             # same guard table)
-            return Tokenizer(replace(self.files, raw=self.tokenizer_json()), **merged)
+            return Tokenizer(self.files.with_raw(self.tokenizer_json()), **merged)
         clone = object.__new__(Tokenizer)
         clone._assemble(self.loaded, merged)
         return clone

@@ -80,8 +80,7 @@ Normalization and added tokens are separate conditions (:mod:`dtok_ext.cuts`).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from dtok.digests import sha256
 
@@ -116,8 +115,7 @@ _DEEPSEEK_V3 = (
 _WS_ATOMS = (("W", r"\s"), ("CR", r"\r"), ("LF", r"\n"), ("SP", " "))
 
 
-@dataclass(frozen=True)
-class Family:
+class Family(NamedTuple):
     """One admitted pre-tokenizer: its Split patterns and the atoms its classes are made of."""
 
     name: str
