@@ -272,20 +272,17 @@ def test_lists_stay_exact_between_views_and_other_flavours(name):
     assert got == [ref_ids(tok, t, sp) for t, sp, _ in turns]
 
 
-def test_scopes_never_share_sessions_or_content():
+def test_scopes_never_share_sessions():
     """Tenants (scopes: a serving engine's cache_salt and model) never continue each other's
-    text: with the same session id in two scopes nothing is reused, in one scope it is; content
-    lookup the same. A scope whose values contain what would be a separator in a joined string
-    is still another scope."""
+    text: with the same session id in two scopes nothing is reused, in one scope it is. A scope
+    whose values contain what would be a separator in a joined string is still another scope."""
     tok = load_tokenizer("qwen3").with_knobs()
-    base = read_text("prose", "gutenberg-2701_moby-dick.txt")[:30_000]
-    turns = [base + "".join(f" turn {j}." for j in range(i + 1)) for i in range(3)]
-    reused = lambda s: s["repairs"] + s["edits"] + s["hits"]  # noqa: E731
+    turns = _tenant_turns()
     scopes = [("a:b", None), ("a", "b:"), ("a", "b"), None]
     for scope in scopes:  # the first turn of the same session id in each scope: a full encode
         assert list(tok.encode(turns[0], session="conv", scope=scope)) == ref_ids(tok, turns[0])
     s = tok.sessions.stats()
-    assert (s["full_encodes"], reused(s), s["keyed"]) == (4, 0, 4), s
+    assert (s["full_encodes"], _reused(s), s["keyed"]) == (4, 0, 4), s
     for scope in scopes:  # the next turn in each scope continues its own session
         assert list(tok.encode(turns[1], session="conv", scope=scope)) == ref_ids(tok, turns[1])
     assert tok.sessions.stats()["repairs"] == 4
@@ -293,18 +290,46 @@ def test_scopes_never_share_sessions_or_content():
     assert list(tok.encode(turns[2], session=(("a", "b"), "conv"))) == ref_ids(tok, turns[2])
     assert tok.sessions.stats()["full_encodes"] == 5
 
-    look = tok.with_knobs()
+
+def test_scopes_never_share_content():
+    """Content lookup inside a scope: a text is never continued from another tenant's, while a
+    salted request without a session id continues its own tenant's conversation."""
+    look = load_tokenizer("qwen3").with_knobs()
+    turns = _tenant_turns()
     assert list(look.encode(turns[0], scope=("A", None))) == ref_ids(look, turns[0])
     assert list(look.encode(turns[1], scope=("B", None))) == ref_ids(look, turns[1])
     s = look.sessions.stats()
-    assert (s["lookups"], s["lookup_hits"], reused(s), s["full_encodes"]) == (2, 0, 0, 2), s
-    # within one scope, a salted request without a session id continues its conversation
+    assert (s["lookups"], s["lookup_hits"], _reused(s), s["full_encodes"]) == (2, 0, 0, 2), s
     assert list(look.encode(turns[1], scope=("A", None))) == ref_ids(look, turns[1])
     assert list(look.encode(turns[2], scope=("A", None))) == ref_ids(look, turns[2])
     s = look.sessions.stats()
     assert (s["repairs"], s["full_encodes"]) == (2, 2), s
     assert look.explain(turns[2] + "x", scope=("C", None)).get("route") != "session repair"
     assert look.explain(turns[2] + "x", scope=("A", None))["route"] == "session repair"
+
+
+@pytest.mark.parametrize("check", [test_scopes_never_share_sessions,
+                                   test_scopes_never_share_content])
+def test_scope_checks_find_tenants_that_share(check, monkeypatch):
+    """Control: with the scope ignored (sessions stored under the key alone, content
+    fingerprinted without the scope's key) each check above fails on its counters."""
+    import dtok.tokenizer
+    from dtok.sessions import ContentIndex
+
+    unscoped = ContentIndex._scope_key
+    monkeypatch.setattr(dtok.tokenizer, "scoped_key", lambda key, scope: key)
+    monkeypatch.setattr(ContentIndex, "_scope_key", lambda self, scope: unscoped(self, None))
+    with pytest.raises(AssertionError, match=r"assert \(\d"):  # a counters tuple, not the IDs
+        check()
+
+
+def _tenant_turns() -> list[str]:
+    base = read_text("prose", "gutenberg-2701_moby-dick.txt")[:30_000]
+    return [base + "".join(f" turn {j}." for j in range(i + 1)) for i in range(3)]
+
+
+def _reused(stats: dict) -> int:
+    return stats["repairs"] + stats["edits"] + stats["hits"]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

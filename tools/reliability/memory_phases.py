@@ -4,7 +4,8 @@ reset in between through /proc/self/clear_refs), for dtok and for the encoders i
     python tools/reliability/memory_phases.py [--tokenizer qwen3] [--docs 3]
 
 One process per row (Linux). Each row: VmRSS after loading, VmHWM while loading, VmRSS after
-encoding ``--docs`` distinct 1M-character prose documents, and VmHWM while encoding (MiB).
+encoding ``--docs`` distinct 1M-character prose documents, VmHWM while encoding, and PSS after
+loading and after encoding (MiB).
 """
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def status():
         if line.startswith(("VmRSS", "VmHWM")):
             key, value = line.split(":")
             out[key] = int(value.split()[0]) // 1024
+    for line in open("/proc/self/smaps_rollup"):
+        if line.startswith("Pss:"):
+            out["Pss"] = int(line.split()[1]) // 1024
     return out
 
 src = open(sys.argv[4], encoding="utf-8", newline="").read()
@@ -56,7 +60,8 @@ for d in docs:
     encode(d)
 warm = status()
 print(json.dumps({"loaded": loaded["VmRSS"], "load_peak": loaded["VmHWM"],
-                  "warm": warm["VmRSS"], "encode_peak": warm["VmHWM"]}))
+                  "warm": warm["VmRSS"], "encode_peak": warm["VmHWM"],
+                  "loaded_pss": loaded["Pss"], "warm_pss": warm["Pss"]}))
 """
 
 
@@ -68,13 +73,13 @@ def main() -> None:
     path = SHARED / "tokenizers" / args.tokenizer
     prose = SHARED / "corpus" / "prose" / "gutenberg-2701_moby-dick.txt"
     print(f"{args.tokenizer}: MiB | loaded | peak while loading | after {args.docs} x 1M | "
-          "peak while encoding")
+          "peak while encoding | PSS loaded | PSS after")
     for mode in MODES:
         out = subprocess.run([sys.executable, "-c", _PROBE, mode, str(path), str(args.docs),
                               str(prose)], check=True, capture_output=True, text=True).stdout
         r = json.loads(out.splitlines()[-1])
         print(f"{mode:22s} | {r['loaded']:6d} | {r['load_peak']:6d} | {r['warm']:6d} | "
-              f"{r['encode_peak']:6d}")
+              f"{r['encode_peak']:6d} | {r['loaded_pss']:6d} | {r['warm_pss']:6d}")
 
 
 if __name__ == "__main__":
