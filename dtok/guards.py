@@ -72,7 +72,7 @@ BUNDLED_DIR = Path(__file__).parent / "data" / "guards"
 _BLOCK = 8192
 
 
-_NONE: dict = MappingProxyType({})  # an empty, read-only default
+_EMPTY = MappingProxyType({})  # a read-only empty default (the tables are never changed)
 
 
 class GuardTable(NamedTuple):
@@ -84,9 +84,9 @@ class GuardTable(NamedTuple):
     disagree: tuple[int, ...]  # code points where the probes found a difference
     checked: dict  # what the build compared
     source: str
-    nfc: dict = _NONE  # the NFC proof: agrees, probes, unprobed, failures
+    nfc: dict = _EMPTY  # the NFC proof: agrees, probes, unprobed, failures
     encoder: str = "fastokens"  # which fast encoder the probes ran ("fastokens", "gigatoken")
-    speed: dict = _NONE  # text class -> ms per 1M chars, measured at build
+    speed: dict = _EMPTY  # text class -> ms per 1M chars, measured at build
 
     @property
     def nfc_proven(self) -> bool:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from dtok import guards, tables
-from dtok.logs import logger
 from dtok.admission import Admission, TokenizerFiles, admit
 from dtok.encoders import (FastEncoder, FastEncoderError, GigaEncoder, JsonFile,
                            fastokens_version, gigatoken_version)
+from dtok.logs import logger
 from dtok_ext.cuts import CutRules
 from dtok_ext.specials import SpecialMatcher
 
@@ -128,7 +128,8 @@ def _load_fast(files: TokenizerFiles, json_file: JsonFile, reference, admission:
         notes.append(f"fast encoder refused: {exc}")
         return None, None
     if guard is None:
-        logger().warning("dtok: building the fast encoder's guard table for %s (minutes)", files.path)
+        logger().warning("dtok: building the fast encoder's guard table for %s (minutes)",
+                         files.path)
         guard = guards.build(reference, fast, admission.sha256,
                              progress=lambda msg: logger().info("dtok guards: %s", msg),
                              nfc_family=admission.family if admission.nfc else None)

@@ -295,6 +295,8 @@ class Pool(Supervision):
                    "sessions": len(self.sessions), "session_bytes": self.sessions.bytes_used,
                    "session_segments_made": self.sessions.segments_made,
                    "lists_made": sum(m.lists.made for m in self.sessions.values()),
+                   "lists_checked_ahead": sum(m.lists.checked_ahead
+                                              for m in self.sessions.values()),
                    "shm_bytes": self._budget.used, "shm_limit": self._budget.limit,
                    **self._counts, "per_char_ms": dict(self.estimator.b)}
         for w in out["workers"]:
@@ -394,6 +396,9 @@ class Pool(Supervision):
                 self._push_stateless(Task(P.OP_ENCODE, "stateless", req, text,
                                           self.estimator.weight(text)))
             self._assign()
+            if want_list and req.pool_session is not None and req.pool_session.inflight is req:
+                # the held list's check, while the worker computes, not after it answers
+                req.pool_session.lists.prepare(add_special)
         return req
 
     def _live(self) -> list[Channel]:
