@@ -90,14 +90,6 @@ class KeptLists:
         finally:
             view.release()
 
-    def prepare(self, add_special: bool) -> None:
-        """While the next IDs are computed elsewhere (a pool worker): check the lists the next
-        :meth:`get` may reuse, so that the comparison leaves the answer's path
-        (:meth:`~dtok_ext.buffers.IdList.prepare`)."""
-        lst = self._lists.get(add_special)
-        if lst is not None:
-            lst.prepare()
-
     def clear(self) -> None:
         self._lists.clear()
         self._keep.clear()
@@ -110,11 +102,6 @@ class KeptLists:
     def made(self) -> int:
         """Lists made whole (neither updated in place nor from a spare)."""
         return sum(lst.made for lst in self._lists.values())
-
-    @property
-    def checked_ahead(self) -> int:
-        """Updates that reused a list :meth:`prepare` had checked."""
-        return sum(lst.checked_ahead for lst in self._lists.values())
 
 
 def _headroom(n: int) -> int:

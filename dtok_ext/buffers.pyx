@@ -267,36 +267,21 @@ cdef class IdList:
     >>> e = il.update(memoryview(array("i", [1, 2, 4, 5, 6, 7, 8])), 6)  # `d` held: c's list
     >>> e == [1, 2, 4, 5, 6, 7, 8], d == [1, 2, 4, 5, 6, 7], il.from_spare
     (True, True, 2)
-    >>> del d
-    >>> il.prepare()  # `e` held, `d` let go: d's list checked now (a pool worker computes)
-    >>> f = il.update(memoryview(array("i", [1, 2, 4, 5, 6, 7, 8, 9])), 7)
-    >>> f == [1, 2, 4, 5, 6, 7, 8, 9], il.from_spare, il.checked_ahead
-    (True, 3, 1)
     """
 
     cdef list truth  # private: never handed out
     cdef object out  # the list handed out last
     cdef object spare  # the one handed out before it
     cdef Py_ssize_t spare_valid  # its leading items that still equal truth's
-    # set by prepare(), without a reference (only update() replaces out and spare, and it
-    # clears these first): a list found held by nobody else and equal to truth (out: all of
-    # it, spare: its first spare_valid items); nobody can change it since, so update() trusts
-    # the comparison while the list is still held by nobody else
-    cdef PyObject* checked_out
-    cdef PyObject* checked_spare
     cdef readonly Py_ssize_t in_place  # updates done in place (for tests and stats)
     cdef readonly Py_ssize_t from_spare  # updates done in the spare
     cdef readonly Py_ssize_t made  # lists built whole (O(all IDs))
-    cdef readonly Py_ssize_t checked_ahead  # updates that reused a list prepare() checked
 
     def __cinit__(self):
         self.truth = []
         self.out = None
         self.spare = None
         self.spare_valid = 0
-        self.checked_out = NULL
-        self.checked_spare = NULL
-        self.checked_ahead = 0
         self.in_place = 0
         self.from_spare = 0
         self.made = 0
@@ -308,28 +293,11 @@ cdef class IdList:
         return n * (8 + 32) + (n * 8 if self.out is not None else 0) \
             + (len(self.spare) * 8 if self.spare is not None else 0)
 
-    def prepare(self):
-        """Check ahead, while the next IDs are being computed elsewhere (a pool worker), that
-        the lists :meth:`update` may reuse are held by nobody else and unchanged: the item by
-        item comparison (at memory speed, ~0.17 ms for 100K IDs) then leaves the path from the
-        answer to the caller. A list held by nobody but this object cannot change afterwards;
-        :meth:`update` still checks that nobody took it since."""
-        cdef Py_ssize_t n = len(self.truth)
-        cdef object out = self.out, spare = self.spare
-        # the attribute and the local hold each: a count of 2 here is the 1 update() sees
-        self.checked_out = <PyObject*>out if _unchanged(out, self.truth, n, n, False, 2) \
-            else NULL
-        self.checked_spare = <PyObject*>spare if _unchanged(
-            spare, self.truth, -1, self.spare_valid, False, 2) else NULL
-
     def update(self, ids, Py_ssize_t keep):
         cdef const int[::1] view = ids
         cdef Py_ssize_t n = view.shape[0], n_prev = len(self.truth), j, valid
         cdef list truth = self.truth
         cdef list out, spare
-        cdef PyObject* checked_out = self.checked_out
-        cdef PyObject* checked_spare = self.checked_spare
-        self.checked_out = self.checked_spare = NULL
         if keep > n_prev:
             keep = n_prev
         if keep > n:
@@ -342,15 +310,13 @@ cdef class IdList:
         self.spare = None
         valid = min(self.spare_valid, keep)
         # only `out` (the local) refers to the list now, if nobody else holds it
-        if _unchanged(out, truth, n_prev, keep, <PyObject*>out == checked_out):
-            self.checked_ahead += <PyObject*>out == checked_out
+        if _unchanged(out, truth, n_prev, keep):
             del out[keep:]
             out.extend(truth[keep:])
             self.in_place += 1
             self.spare, self.spare_valid = spare, valid
         else:
-            if _unchanged(spare, truth, -1, valid, <PyObject*>spare == checked_spare):
-                self.checked_ahead += <PyObject*>spare == checked_spare
+            if _unchanged(spare, truth, -1, valid):  # the caller holds `out`: its spare
                 del spare[valid:]
                 spare.extend(truth[valid:])
                 self.from_spare += 1
@@ -364,12 +330,11 @@ cdef class IdList:
         return out
 
 
-cdef bint _unchanged(object lst, list truth, Py_ssize_t length, Py_ssize_t keep,
-                     bint checked=False, Py_ssize_t refs=1):
-    """``lst`` is held by nobody but the caller's ``refs`` (a borrowed argument adds no
+cdef bint _unchanged(object lst, list truth, Py_ssize_t length, Py_ssize_t keep):
+    """``lst`` is held by nobody but the caller's one local (a borrowed argument adds no
     reference), has ``length`` items (-1: any) and its first ``keep`` items are truth's (pointer
-    comparison; ``checked``: :meth:`IdList.prepare` compared them and nobody held it since)."""
-    return (lst is not None and (<PyObject*>lst).ob_refcnt == refs and
+    comparison)."""
+    return (lst is not None and (<PyObject*>lst).ob_refcnt == 1 and
             (length < 0 or len(lst) == length) and len(lst) >= keep and
-            (checked or memcmp((<PyListObject*>lst).ob_item, (<PyListObject*>truth).ob_item,
-                               keep * sizeof(PyObject*)) == 0))
+            memcmp((<PyListObject*>lst).ob_item, (<PyListObject*>truth).ob_item,
+                   keep * sizeof(PyObject*)) == 0)

@@ -360,8 +360,6 @@ def test_encode_list_in_a_loop_takes_turns_between_two_lists():
             stats = enc.stats() if isinstance(enc, Pool) else enc.sessions.stats()
             # two lists take turns; one more for the snapshot's and one for the changed list
             assert stats["lists_made"] <= 4, stats["lists_made"]
-            if isinstance(enc, Pool):  # the list let go was checked while the worker encoded
-                assert stats["lists_checked_ahead"] >= 15, stats
         finally:
             if isinstance(enc, Pool):
                 enc.close()

@@ -272,42 +272,6 @@ def test_lists_stay_exact_between_views_and_other_flavours(name):
     assert got == [ref_ids(tok, t, sp) for t, sp, _ in turns]
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_lists_checked_ahead_stay_exact(seed):
-    """``IdList.prepare`` (what the pool calls while a worker computes) never changes what
-    ``update`` returns: random turns, lists held, changed by their holders and let go, against
-    an IdList that is never prepared; and a checked list is reused."""
-    from array import array
-
-    from dtok_ext.buffers import IdList
-
-    rng = random.Random(seed)
-    checked = 0
-    for _ in range(200):
-        prepared, plain, truth, held = IdList(), IdList(), [], []
-        for _ in range(12):
-            keep = rng.randint(0, len(truth))
-            truth = truth[:keep] + [rng.randint(0, 50) for _ in range(rng.randint(0, 5))]
-            if rng.random() < 0.6:
-                prepared.prepare()
-            if held and rng.random() < 0.3:  # a holder changes its list (then maybe lets go)
-                lst = rng.choice(held)
-                if lst:
-                    lst[rng.randrange(len(lst))] = -1
-                else:
-                    lst.append(-1)
-            if held and rng.random() < 0.5:
-                held.pop(rng.randrange(len(held)))
-            got = prepared.update(memoryview(array("i", truth)), keep)
-            assert got == truth
-            assert plain.update(memoryview(array("i", truth)), keep) == truth
-            if rng.random() < 0.7:
-                held.append(got)
-            del got
-        checked += prepared.checked_ahead
-    assert checked > 100, checked
-
-
 def test_scopes_never_share_sessions():
     """Tenants (scopes: a serving engine's cache_salt and model) never continue each other's
     text: with the same session id in two scopes nothing is reused, in one scope it is. A scope

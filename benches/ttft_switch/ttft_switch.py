@@ -263,8 +263,10 @@ def _add_route() -> None:
 
         @app.get("/ttft_switch")
         async def counters():
+            # off the loop: the pools' stats read /proc (10-16 ms, stalls the probe names)
+            report = await asyncio.get_running_loop().run_in_executor(None, plugin.HOOK.report)
             return {"pid": os.getpid(), "switch": dict(COUNTS), "dtok": dict(plugin.stats),
-                    "report": plugin.HOOK.report(), "timings": plugin.HOOK.recent_timings(),
+                    "report": report, "timings": plugin.HOOK.recent_timings(),
                     "traces": [{k: v for k, v in r.items() if k not in ("t0", "gc0")}
                                for r in TRACES]}
 

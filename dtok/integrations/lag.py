@@ -25,13 +25,28 @@ __all__ = ["STALL_MS", "LoopLagProbe", "start_on_running_loop", "percentile"]
 STALL_MS = 5.0
 INTERVAL_S = 0.001
 _DTOK_FILES = 'File "' + os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_PROBE_FILE = 'File "' + os.path.abspath(__file__) + '"'
 _PROBE: "LoopLagProbe | None" = None
 _LOCK = threading.Lock()
 
 
-def _innermost_is_dtok(stack: list[str]) -> bool:
+def _innermost_file(stack: list[str]) -> str:
     files = [line for line in stack if line.lstrip().startswith("File ")]
-    return bool(files) and _DTOK_FILES in files[-1]
+    return files[-1] if files else ""
+
+
+def _innermost_is_dtok(stack: list[str]) -> bool:
+    """The loop was running dtok's code: its innermost Python frame is dtok's, and not this
+    probe's own beat (a loop late inside that callback waited for the GIL)."""
+    innermost = _innermost_file(stack)
+    return _DTOK_FILES in innermost and _PROBE_FILE not in innermost
+
+
+def _waited_natively(stack: list[str]) -> bool:
+    """The loop waited in native code (for the GIL, in a C extension), not in a Python
+    callback: its top frame is the loop itself, or this probe's own beat."""
+    return bool(stack) and ("run_until_complete" in stack[-1]
+                            or _PROBE_FILE in _innermost_file(stack))
 
 
 def _bin(lag_ms: float) -> int:
@@ -112,11 +127,8 @@ class LoopLagProbe:
                     self._pending = {
                         "t": round(time.time() - late_ms / 1000, 4),
                         "stack": [line.rstrip() for line in stack],
-                        # the loop was running dtok's code (its innermost Python frame)
                         "dtok": _innermost_is_dtok(stack),
-                        # the loop's top frame is the loop itself: it waited in native code
-                        # (for the GIL, in a C extension), not in a Python callback
-                        "native": bool(stack) and "run_until_complete" in stack[-1]}
+                        "native": _waited_natively(stack)}
             if time.monotonic() >= next_write:
                 self.write()
                 next_write = time.monotonic() + 1.0
