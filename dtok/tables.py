@@ -222,7 +222,10 @@ def load(family_name: str) -> FamilyTables:
     table = None
     for path in (BUNDLED_DIR / name, cache_dir() / name):
         if path.exists():
-            data = zlib.decompress(path.read_bytes(), 16 + zlib.MAX_WBITS)  # gzip's format
+            try:
+                data = zlib.decompress(path.read_bytes(), 16 + zlib.MAX_WBITS)  # gzip's format
+            except zlib.error:  # cut short or corrupted: damaged, as a wrong length is
+                data = b""
             if len(data) == N_CODEPOINTS:
                 table, source = data, str(path)
                 break
@@ -233,11 +236,12 @@ def load(family_name: str) -> FamilyTables:
                 f"no class table for family {family.name} and tokenizers {version} "
                 "(DTOK_TABLES=strict forbids building one)"
             )
-        logger().warning("dtok: building %s tables for tokenizers %s (one-time)", family.name, version)
+        logger().warning("dtok: building %s tables for tokenizers %s (one-time)", family.name,
+                         version)
         table, unknown = build_table(family, classes)
         if unknown:
-            logger().warning("dtok: %s: classes %s are new in tokenizers %s; never cut next to them",
-                        family.name, unknown, version)
+            logger().warning("dtok: %s: classes %s are new in tokenizers %s; never cut next to "
+                             "them", family.name, unknown, version)
         path = cache_dir() / name
         try:
             write_table(path, table)

@@ -52,6 +52,27 @@ def test_table_of_another_version_is_not_used(monkeypatch, tmp_path):
         tables.load("qwen2")
 
 
+@pytest.mark.parametrize("damage", ["truncated", "not gzip", "wrong length"])
+def test_a_damaged_cached_table_is_ignored(monkeypatch, tmp_path, caplog, damage):
+    """A cached table that does not read back whole is set aside (here, with building
+    forbidden, nothing else is found): never used, never an unexplained error."""
+    import gzip
+
+    version = "0.0.0-damaged"
+    monkeypatch.setattr(tables, "tokenizers_version", lambda: version)
+    monkeypatch.setenv("DTOK_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("DTOK_TABLES", "strict")
+    path = tables.cache_dir() / tables.file_name(tables.FAMILIES["qwen2"], version)
+    whole = gzip.compress(bytes(tables.N_CODEPOINTS), 9, mtime=0)
+    tables.write_table(path, bytes(tables.N_CODEPOINTS))
+    assert path.read_bytes() == whole  # written as it is read back
+    path.write_bytes({"truncated": whole[:len(whole) // 2], "not gzip": b"\x00" * 64,
+                      "wrong length": gzip.compress(b"\x01" * 100)}[damage])
+    with pytest.raises(RuntimeError, match="no class table"):
+        tables.load("qwen2")
+    assert "ignoring damaged table" in caplog.text
+
+
 def test_bundled_tables_match_installed_version():
     t = tables.load("llama3")
     assert tables.tokenizers_version() in t.source
