@@ -174,10 +174,10 @@ def file_name(family: Family, version: str) -> str:
 
 
 def write_table(path: Path, table: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
     import gzip  # only where a table is built: reading needs zlib alone
 
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_bytes(gzip.compress(table, 9, mtime=0))
     os.replace(tmp, path)  # atomic: concurrent builders never see half a file
 

@@ -3,6 +3,7 @@ the fast encoder about what the reference and fastokens cost loaded side by side
 neither the parsed tokenizer.json, nor its bytes, nor the heap that parsing freed, nor numpy."""
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -55,20 +56,16 @@ print(int(status["VmRSS"].split()[0]) // 1024, int(status["VmHWM"].split()[0]) /
 """
 
 
-_COMPILED: list[bool] = []
-
-
+@functools.cache
 def _compile_dtok() -> None:
     """dtok's modules as bytecode, as an installed package has them (pip compiles them at
     install; the encoders' packages are): a checkout run where writing bytecode is switched off
     (PYTHONDONTWRITEBYTECODE) would otherwise compile dtok at every probe's import, ~5 MiB of
     the compiler's memory that an installed dtok never pays."""
-    if not _COMPILED:
-        import dtok
+    import dtok
 
-        subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.dirname(dtok.__file__)],
-                       check=True, capture_output=True)
-        _COMPILED.append(True)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.dirname(dtok.__file__)],
+                   check=True, capture_output=True)
 
 
 def _memory_mb(kind: str, path) -> tuple[int, int, int]:
@@ -81,12 +78,8 @@ def _memory_mb(kind: str, path) -> tuple[int, int, int]:
     return int(rss), int(peak), int(pss)
 
 
-def _rss_and_peak_mb(kind: str, path) -> tuple[int, int]:
-    return _memory_mb(kind, path)[:2]
-
-
 def _rss_mb(kind: str, path) -> int:
-    return _rss_and_peak_mb(kind, path)[0]
+    return _memory_mb(kind, path)[0]
 
 
 def test_loaded_tokenizer_costs_about_the_reference():
@@ -126,8 +119,7 @@ def test_fast_encoder_load_peak_is_about_the_two_encoders():
     if fastokens_version() is None:
         return
     path = shared_path("tokenizers", "qwen3")
-    (_, bare), (_, loaded) = _rss_and_peak_mb("bare+fastokens", path), \
-        _rss_and_peak_mb("dtok fast", path)
+    bare, loaded = _memory_mb("bare+fastokens", path)[1], _memory_mb("dtok fast", path)[1]
     # measured here: both encoders 263-264 MiB, dtok 268-269 (+16-18 while it held the file's
     # bytes, 11 MB, beside the memory file fastokens reads; +40 from a str)
     assert loaded <= bare + 10, (bare, loaded)
