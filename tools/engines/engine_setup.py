@@ -32,6 +32,10 @@ _STUB = '''"""A stand-in written by dtok's tools/engines/engine_setup.py: the re
 installed in this check venv; the engine imports it at module level only for code the checks
 never run."""
 
+# What the real package would report beside this venv's torch: libraries compare it (transformers
+# parses it with ``packaging``), so it must be a real version, not a placeholder.
+__version__ = "{version}"
+
 
 class _Anything(type):
     def __getattr__(cls, name):
@@ -56,20 +60,22 @@ def _pip(python: Path, *args: str) -> None:
     subprocess.run(cmd, check=True)
 
 
-def _write_stub(python: Path, package: str, submodules: list[str]) -> None:
+def _write_stub(python: Path, package: str, version: str, submodules: list[str]) -> None:
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
                            "['purelib'])"], capture_output=True, text=True, check=True)
     base = Path(site.stdout.strip()) / package
     for module in ["", *submodules]:
         d = base.joinpath(*module.split(".")) if module else base
         d.mkdir(parents=True, exist_ok=True)
-        (d / "__init__.py").write_text(_STUB.replace("{name}", package))
+        (d / "__init__.py").write_text(_STUB.replace("{name}", package)
+                                       .replace("{version}", version))
 
 
 def ensure(name: str, engine: str, deps: list[str], *, python: str = sys.executable,
-           stubs: dict[str, list[str]] | None = None, rebuild: bool = False) -> Path:
+           stubs: dict[str, dict] | None = None, rebuild: bool = False) -> Path:
     """The interpreter of venv ``CACHE/name`` with ``engine`` (``--no-deps``), ``deps``,
-    ``TORCH``, dtok's own needs, ``stubs`` and this checkout; built or completed as needed."""
+    ``TORCH``, dtok's own needs, ``stubs`` (package: ``{"version": ..., "submodules": [...]}``)
+    and this checkout; built or completed as needed."""
     venv = CACHE / name
     py = venv / "bin" / "python"
     stamp = venv / "dtok-stamp.json"
@@ -83,8 +89,8 @@ def ensure(name: str, engine: str, deps: list[str], *, python: str = sys.executa
         _pip(py, TORCH)
         _pip(py, "--no-deps", engine)
         _pip(py, "-c", str(constraint), *deps, *DTOK_DEPS)
-        for package, submodules in (stubs or {}).items():
-            _write_stub(py, package, submodules)
+        for package, stub in (stubs or {}).items():
+            _write_stub(py, package, stub["version"], stub["submodules"])
         stamp.write_text(json.dumps(want))
     # from "/", so that a dtok in the current directory does not answer for the venv's
     where = subprocess.run([str(py), "-c", "import dtok, sys; sys.stdout.write(dtok.__file__)"],

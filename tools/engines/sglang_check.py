@@ -48,8 +48,10 @@ DEPS = [
     "httpx", "triton", "IPython", "jsonschema", "dill", "apache-tvm-ffi==0.1.11",
     "compressed-tensors", "gguf", "xgrammar",
 ]
-STUBS = {"torchvision": ["transforms", "transforms.functional", "transforms.v2",
-                         "transforms.v2.functional", "io"]}
+# 0.28.0: the torchvision released beside torch 2.13 (engine_setup.TORCH).
+STUBS = {"torchvision": {"version": "0.28.0",
+                         "submodules": ["transforms", "transforms.functional", "transforms.v2",
+                                        "transforms.v2.functional", "io"]}}
 
 SGLANG_MODELS = ["qwen3", "llama3", "deepseek-v3"]
 
