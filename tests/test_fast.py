@@ -376,6 +376,28 @@ def test_one_piece_result_is_the_fast_encoders_buffer():
     assert type(view.obj) is not bytes and list(view) == ref_ids(tok, guarded, False)
 
 
+def test_one_whole_piece_is_one_fast_call(monkeypatch):
+    """A text the stateless route keeps in one piece, all of it the fast encoder's, is one
+    ``encode`` call with the text itself; with a guard character in it, the routed path
+    (``encode_many`` for the fast stretches, the reference for the guarded one)."""
+    tok = fast_tok("llama3", threads=1, content_lookup=False)
+    enc, calls = tok.encoder, []
+    for method in ("encode", "encode_many"):
+        real = getattr(enc, method)
+        monkeypatch.setattr(enc, method, lambda arg, real=real, method=method:
+                            calls.append((method, arg)) or real(arg))
+    prose = read_text("prose", "gutenberg-2701_moby-dick.txt")[:200_000]
+    before = tok.stats()
+    assert list(tok.encode(prose)) == ref_ids(tok, prose)
+    assert len(calls) == 1 and calls[0][0] == "encode" and calls[0][1] is prose
+    assert tok.stats()["fast_pieces"] == before["fast_pieces"] + 1
+    calls.clear()
+    guarded = prose[:100_000] + "\u0378" + prose[100_000:]
+    assert list(tok.encode(guarded)) == ref_ids(tok, guarded)
+    assert [method for method, _ in calls] == ["encode_many"]
+    assert tok.stats()["reference_pieces"] == before["reference_pieces"] + 1
+
+
 def test_tokenizer_json_replaces_the_file_bytes():
     """A loaded tokenizer keeps no copy of tokenizer.json; tokenizer_json() gives an equivalent
     one (same IDs, same admission), and admission.sha256 stays the file's SHA-256."""
