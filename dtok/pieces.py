@@ -404,8 +404,9 @@ class PieceEncoder:
 
     def _at_once(self, jobs: list) -> list:
         """The results of ``jobs`` (callables), in order: the first run in this thread while the
-        others, handed out before it starts, run on the thread pool."""
-        if len(jobs) <= 1:
+        others, handed out before it starts, run on the thread pool; on one thread, in turn
+        (a hand-off to a pool thread on the same core only adds a switch)."""
+        if len(jobs) <= 1 or self.threads == 1:
             return [job() for job in jobs]
         pending = [self._pool().submit(job) for job in jobs[1:]]
         return [jobs[0](), *(fut.result() for fut in pending)]

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -379,7 +380,8 @@ def test_one_piece_result_is_the_fast_encoders_buffer():
 def test_one_whole_piece_is_one_fast_call(monkeypatch):
     """A text the stateless route keeps in one piece, all of it the fast encoder's, is one
     ``encode`` call with the text itself; with a guard character in it, the routed path
-    (``encode_many`` for the fast stretches, the reference for the guarded one)."""
+    (``encode_many`` for the fast stretches, the reference for the guarded one, in turn on
+    one thread)."""
     tok = fast_tok("llama3", threads=1, content_lookup=False)
     enc, calls = tok.encoder, []
     for method in ("encode", "encode_many"):
@@ -393,9 +395,12 @@ def test_one_whole_piece_is_one_fast_call(monkeypatch):
     assert tok.stats()["fast_pieces"] == before["fast_pieces"] + 1
     calls.clear()
     guarded = prose[:100_000] + "\u0378" + prose[100_000:]
+    threads = {t.ident for t in threading.enumerate()}
     assert list(tok.encode(guarded)) == ref_ids(tok, guarded)
     assert [method for method, _ in calls] == ["encode_many"]
     assert tok.stats()["reference_pieces"] == before["reference_pieces"] + 1
+    # one thread: the reference's stretch is encoded in turn, no pool thread is started
+    assert {t.ident for t in threading.enumerate()} <= threads
 
 
 def test_tokenizer_json_replaces_the_file_bytes():
