@@ -223,6 +223,53 @@ def test_fast_encoder_state_lives_with_its_thread():
     assert after - start < 24, (start, alive, after)  # given back once the threads ended
 
 
+_SHARES = r"""
+import sys, threading
+import dtok
+from dtok.pool.failover import InProcessRoute
+
+def rss():
+    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) / 1024
+
+path = sys.argv[1]
+tok = dtok.Tokenizer.from_file(path)
+route = InProcessRoute(tok)  # what a Pool(tok) encodes with when no worker can
+others = {"view": tok.with_knobs(max_sessions=4), "pool route": route.tokenizer,
+          "second load": dtok.Tokenizer.from_file(path)}  # the control
+text = "A thread's first encode, on the fast encoder. " * 40
+for t in (tok, *others.values()):
+    t.encode(text)  # each instance's own state, paid in this thread
+out = {}
+for name, other in others.items():
+    def run():
+        tok.encode(text)  # this thread's share of tok's fast encoder
+        before = rss()
+        other.encode(text)
+        out[name] = rss() - before
+    th = threading.Thread(target=run)
+    th.start()
+    th.join()
+route.close()
+print(" ".join(f"{out[n]:.1f}" for n in others))
+"""
+
+
+def test_views_and_pool_routes_share_a_threads_fast_encoder_state():
+    """fastokens 0.3.5 keeps its per-thread state (~16 MiB) per thread *and instance*: a thread
+    that encodes through two loads of one file holds two shares for as long as it lives (a
+    soak's caller threads, answering pool requests in process through a second load, grew the
+    front end by 16 MiB each). ``with_knobs`` views and a ``Pool(tok)``'s in-process route use
+    the tokenizer's own encoders, so a thread that encodes through them holds one share.
+    Control: a second load of the file costs the thread a second share."""
+    if not sys.platform.startswith("linux"):
+        return
+    out = subprocess.run([sys.executable, "-c", _SHARES, str(shared_path("tokenizers", "qwen3"))],
+                         check=True, capture_output=True, text=True).stdout
+    view, route, second = map(float, out.split())
+    assert view < 4 and route < 4, out
+    assert second > 8, out  # the control: measured here, 16 MiB
+
+
 _HUGE_RUN = r"""
 import ctypes, sys
 import dtok

@@ -42,7 +42,11 @@ At a clean stop the front end closes its pools, clears its sessions and texts an
 (``front_end_end_probe_mib``): malloc's live bytes back at their level after loading mean nothing
 was kept. Bisecting: ``--kinds``, ``--faults`` (``''``: none), ``--mem-detail`` (every 5 s:
 anonymous, /dev/shm and file mappings, malloc arenas, gc objects, threads) and ``--trim-every``
-(malloc_trim(0) now and then: RSS after it is what is live).
+(malloc_trim(0) now and then: RSS after it is what is live). Which allocations stay live (private
+flags, with ``--faults`` leaving out the front-end kills): ``--_heaptrack --_exit-after S`` runs
+the front end under heaptrack and ends it S seconds into the load without freeing anything, so
+heaptrack's "leaked" bytes are what it held then; two runs (an early and a late S) and
+``heaptrack_print -f LATE.zst -d EARLY.zst -l`` give what grew, by allocation site.
 """
 from __future__ import annotations
 
@@ -103,15 +107,20 @@ def mem_of(pid: int) -> tuple[float, float] | None:
 
 def mem_detail(pid: int) -> dict:
     """Where a process's resident memory is, from /proc/PID/smaps (MiB, and mapping counts):
-    anonymous (heap and mmap'd), /dev/shm segments, other files."""
+    anonymous (heap and mmap'd), /dev/shm segments, other files; the anonymous mappings of 8 MiB
+    or more by size (``big_anon``: fastokens maps a 16 MiB table per thread and instance) and the
+    process's threads, its native ones included (``os_threads``)."""
     out = {"anon": 0.0, "shm": 0.0, "file": 0.0, "n_shm": 0, "n_anon": 0, "n_maps": 0}
-    kind = None
+    big: dict[str, list] = {}  # anonymous mappings of 8 MiB or more: size -> [count, RSS]
+    kind = size = None
     try:
         with open(f"/proc/{pid}/smaps") as f:
             for line in f:
                 head = line.split(None, 6)
                 if "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a mapping's header
                     path = head[5].strip() if len(head) > 5 else ""
+                    lo, hi = (int(x, 16) for x in head[0].split("-"))
+                    size = (hi - lo) >> 20
                     out["n_maps"] += 1
                     if path.startswith("/dev/shm/"):
                         kind = "shm"
@@ -123,8 +132,14 @@ def mem_detail(pid: int) -> dict:
                         kind = "file"
                 elif head[0] == "Rss:":
                     out[kind] += int(head[1]) / 1024
+                    if kind == "anon" and size >= 8:
+                        entry = big.setdefault(f"{size}M", [0, 0.0])
+                        entry[0] += 1
+                        entry[1] = round(entry[1] + int(head[1]) / 1024, 1)
+        out["os_threads"] = len(os.listdir(f"/proc/{pid}/task"))  # Rust's threads too
     except OSError:
         return {}
+    out["big_anon"] = big
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}
 
 
@@ -384,10 +399,13 @@ def front_end(args) -> None:
     tok = dtok.Tokenizer.default(**POOL_KNOBS)
     chunk_threshold = tok.knobs["chunk_threshold"]
 
-    loaded = dtok.Tokenizer.default()  # each pool gets its own session state, not a reload
-
     def make_pool():
-        return dtok.Pool(loaded.with_knobs(), workers=args.workers,
+        # each pool gets its own session state but the tokenizer's loaded encoders, as dtok's
+        # hooks build theirs: a second load would cost a second share of the fast encoder's
+        # state in every thread that encodes through both (fastokens 0.3.5: 16 MiB per thread
+        # and instance, and 32 MiB per instance; tests/test_memory.py), which a caller thread
+        # answering a pool request in process (no worker up) picks up minutes into the run
+        return dtok.Pool(tok.with_knobs(), workers=args.workers,
                          request_timeout=args.request_timeout, name=f"soak{inc}", **POOL_KNOBS)
 
     per_thread = thread_state_mib(tok)  # before any other thread runs: the least of 3 tries
@@ -579,7 +597,14 @@ def front_end(args) -> None:
     names, weights = list(kinds), list(kinds.values())
     stop_file = out / "stop"
     next_at = time.monotonic()
+    exit_at = next_at + args._exit_after if args._exit_after else None
     while not stop_file.exists():
+        if exit_at is not None and time.monotonic() >= exit_at:
+            # private: end here without freeing anything, so that a heap profiler's "leaked"
+            # bytes are what the front end held live at this moment
+            log.write(t="exit_after", at=now(), fe=mem_of(os.getpid()), heap=malloc_mib(),
+                      threads=sorted(th.name for th in threading.enumerate()))
+            os._exit(0)
         next_at += rng.expovariate(args.rate)
         delay = next_at - time.monotonic()
         if delay > 0:
@@ -706,6 +731,8 @@ def controller(args) -> int:
         fe_cmd.append("--mem-detail")
     if args.trim_every:
         fe_cmd += ["--trim-every", str(args.trim_every)]
+    if args._exit_after:
+        fe_cmd += ["--_exit-after", str(args._exit_after)]
     inc = 0
     leaked_after_restart: list[str] = []
     restarts = []
@@ -713,7 +740,9 @@ def controller(args) -> int:
     def start_front_end():
         nonlocal inc
         inc += 1
-        proc = subprocess.Popen(fe_cmd + ["--incarnation", str(inc)],
+        profiler = (["heaptrack", "-o", str(out / f"heaptrack-fe-{inc}")]
+                    if args._heaptrack else [])  # private: the front end under heaptrack
+        proc = subprocess.Popen(profiler + fe_cmd + ["--incarnation", str(inc)],
                                 stderr=open(out / f"fe-{inc}.stderr", "w"))
         t0 = now()
         while not (out / f"status-{inc}.json").exists():
@@ -1038,6 +1067,8 @@ def main() -> int:
     ap.add_argument("--incarnation", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--_corrupt-every", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--_tracemalloc", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--_heaptrack", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--_exit-after", type=float, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.front_end:
         front_end(args)
