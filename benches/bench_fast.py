@@ -37,7 +37,8 @@ processes, VmRSS/PSS after loading (cold) and after encoding 1M characters (warm
 (VmHWM), for dtok on each encoder and for fastokens and tokenizers alone. ``--pieces-only``:
 the stateless route's pieces for the fast encoder, paired in one rotation (reference IDs
 computed first): dtok on one thread, the same with every text in 64K chunks (the rule before
-Latin text got one piece per thread), dtok on two threads (unpinned), fastokens alone; with
+Latin text got one piece per thread), dtok on two threads (unpinned), dtok with its default
+threads (unpinned: two threads only where the split pays), fastokens alone; with
 the pause and back to back, ratios to dtok on one thread with their spread over the repeats.
 JSON goes to bench-results/.
 """
@@ -275,11 +276,12 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
     return rows
 
 
-def run_pieces(name: str, repeats: int, pause_ms: float) -> list[dict]:
+def run_pieces(name: str, repeats: int, pause_ms: float, sizes: list[int]) -> list[dict]:
     """How the stateless route cuts for the fast encoder, paired: dtok on one thread (Latin
     text in one piece per thread, other text in chunks of chunk_target), the same with every
     text in chunks of chunk_target (the rule before), dtok on two threads, and fastokens
-    alone; distinct 1M documents per kind (two periods of the balanced rotation), the
+    alone; distinct documents of each of ``sizes`` per kind (two periods of the balanced
+    rotation; kinds other than prose and code at the first size only), the
     reference's IDs computed before any timing, ``repeats`` passes, with the pause and back to
     back."""
     import dtok
@@ -289,16 +291,20 @@ def run_pieces(name: str, repeats: int, pause_ms: float) -> list[dict]:
     chunked = one.with_knobs()
     chunked.pieces.chunk_target = lambda text: chunked.chunker.target  # the rule before
     two = one.with_knobs(threads=2)
+    auto = one.with_knobs(threads=None)  # dtok's default: split only where it pays
     encoders = {"dtok threads=1": lambda d: one.encode(d, add_special_tokens=False),
                 "dtok 64K chunks": lambda d: chunked.encode(d, add_special_tokens=False)}
     if len(os.sched_getaffinity(0)) > 1:
         encoders["dtok threads=2"] = lambda d: two.encode(d, add_special_tokens=False)
+        encoders["dtok default threads"] = lambda d: auto.encode(d, add_special_tokens=False)
     encoders["fastokens"] = peers(path, False)["fastokens"]
     labels = list(encoders)
     rows = []
+    cases = [(kind, size) for size in sizes for kind in KINDS
+             if size == sizes[0] or kind in ("prose", "code")]
     for pause in (pause_ms, 0.0):
-        for kind in KINDS:
-            docs = documents(kind, 1_000_000, 2 * balanced_period(len(labels)))
+        for kind, size in cases:
+            docs = documents(kind, size, 2 * balanced_period(len(labels)))
             wants = [one.reference.encode(d, add_special_tokens=False).ids for d in docs]
             for fn in encoders.values():
                 fn(docs[0][:100_000])
@@ -317,8 +323,10 @@ def run_pieces(name: str, repeats: int, pause_ms: float) -> list[dict]:
                             raise SystemExit(f"{label} differs from the reference on {kind} "
                                              f"document {i}")
                 passes.append(wall)
-            row = {"tokenizer": name, "case": "pieces", "kind": kind, "pause_ms": pause,
-                   "passes": repeats, "explain_why": one.explain(docs[0])["why"]}
+            row = {"tokenizer": name, "case": "pieces", "kind": kind, "size": size,
+                   "pause_ms": pause,
+                   "passes": repeats, "explain_why": one.explain(docs[0])["why"],
+                   "default_threads_why": auto.explain(docs[0])["why"]}
             cells = []
             for label in labels:
                 all_ms = [x for w in passes for x in w[label]]
@@ -331,7 +339,8 @@ def run_pieces(name: str, repeats: int, pause_ms: float) -> list[dict]:
                              f"{row[label]['p99_ms']:.2f}; /threads=1 "
                              f"{statistics.median(ratio):.2f} [{min(ratio):.2f}-{max(ratio):.2f}])")
             rows.append(row)
-            print(f"{name:12s} pieces pause {pause:4.0f} ms {kind:12s} " + "  ".join(cells),
+            print(f"{name:12s} pieces pause {pause:4.0f} ms {kind:12s} {size:>9,} "
+                  + "  ".join(cells),
                   flush=True)
     return rows
 
@@ -472,7 +481,7 @@ def child(args) -> None:
     elif args.child == "order":
         rows = run_order(args.tokenizers[0], args.repeats)
     elif args.child == "pieces":
-        rows = run_pieces(args.tokenizers[0], args.repeats, args.pause_ms)
+        rows = run_pieces(args.tokenizers[0], args.repeats, args.pause_ms, args.sizes)
     else:
         rows = [run_memory(args.tokenizers[0], args.mode)]
     print("JSON" + json.dumps(rows))

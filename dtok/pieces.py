@@ -19,7 +19,7 @@ from dtok.chunking import Chunker, split_at
 from dtok.encoders import ReferenceEncoder
 from dtok.loading import Lane, Loaded
 from dtok_ext.buffers import IdBuffer, ids_from_list
-from dtok_ext.cuts import ROUTE_FAST, CutRules
+from dtok_ext.cuts import ROUTE_FAST, ROUTE_GUARD, CutRules
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +45,18 @@ LONGEST_FAST_STRETCH = 65536
 LONGEST_FAST_PIECE = 1 << 20
 # :func:`text_class` reads this many runs of this many characters of a long piece.
 CLASS_RUNS, CLASS_RUN = 16, 256
+# With the threads left to dtok (knob ``threads=None``), work is shared out among threads only
+# where the split is expected to save at least this much of it, in characters of Latin text on
+# a fast encoder (~5 ms of fastokens): on the 2-vCPU KVM guest dtok is measured on, for 3-6 ms
+# after an idle spell the two vCPUs share one core, so with requests spaced out a split of 1M
+# Latin characters (~4 ms) cost 1.07-1.12x one thread's time and of 500K multilingual ones
+# (~10 ms) 1.08x, while 1M multilingual characters (0.87x) and 4M Latin ones (0.67x) gained.
+# An explicit ``threads`` is used as given.
+AUTO_SPLIT_SAVING = 1_250_000
+# Work per character in those units: a fast encoder's other text costs 3-4x its Latin text
+# (1M characters: 11-17 ms against ~4); the reference ~100x (~0.5 us a character).
+TEXT_WEIGHT = {"latin": 1, "other": 3}
+REFERENCE_WEIGHT = 100
 
 
 def text_class(piece: str) -> str:
@@ -61,6 +73,16 @@ def text_class(piece: str) -> str:
         "".join([piece[i : i + CLASS_RUN] for i in range(0, len(piece), step)])
     return "latin" if len(sample.encode("utf-8", "surrogatepass")) * 10 <= len(sample) * 11 \
         else "other"
+
+
+def fast_weight(items: list) -> int:
+    """TEXT_WEIGHT of (slot, text) items for a fast encoder, by :func:`text_class` of a sample
+    of them all: the start of up to CLASS_RUNS items spread over the list (the chunks of one
+    text can differ: the first of a multilingual document may be Latin text)."""
+    if len(items) == 1:
+        return TEXT_WEIGHT[text_class(items[0][1])]
+    step = max(1, len(items) // CLASS_RUNS)
+    return TEXT_WEIGHT[text_class("".join([t[:CLASS_RUN] for _, t in items[::step]]))]
 
 
 def affixed_view(ids, add_special: bool, n_prefix: int, n_suffix: int) -> memoryview:
@@ -92,6 +114,7 @@ class PieceEncoder:
         self.chunker = chunker
         self.scan_budget = knobs["scan_budget"][-1]
         self.threads = knobs["threads"] or available_cpus()
+        self.auto_threads = knobs["threads"] is None  # split only where it pays (useful_threads)
         self._reference_tokenizer = loaded.reference
         self.reference = ReferenceEncoder(loaded.reference)
         use_fast = loaded.fast is not None and knobs["encoder"] != "reference"
@@ -127,7 +150,7 @@ class PieceEncoder:
             if batch:
                 return [[ids] for ids in self.reference.encode_many(pieces)]
             return [[ids] for ids in self._map(self.reference.encode, pieces)]
-        runs = [] if batch or len(pieces) == 1 else self._groups(list(enumerate(pieces)))
+        runs = [] if batch or len(pieces) == 1 else self._groups(list(enumerate(pieces)), True)
         if len(runs) > 1:
             return [out for outs in self._at_once(
                 [partial(self._encode_routed, [p for _, p in run], False) for run in runs])
@@ -138,8 +161,8 @@ class PieceEncoder:
                        ) -> list[list]:
         """:meth:`encode_texts` of pieces routed here; ``parallel``: the calls to each encoder
         are shared out among the threads, else all made in this thread."""
-        def groups(items: list, one: bool = False) -> list[list]:
-            return self._groups(items, one) if parallel else [items] if items else []
+        def groups(items: list, fast: bool, one: bool = False) -> list[list]:
+            return self._groups(items, fast, one) if parallel else [items] if items else []
 
         lanes = [self.main] if self.second is None else [self.main, self.second]
         by_lane: list[list] = [[] for _ in lanes]  # (slot, sub-text) for each fast encoder
@@ -158,8 +181,8 @@ class PieceEncoder:
         self._count(fast=len(by_lane[0]), reference=len(slow),
                     second=len(by_lane[1]) if len(lanes) > 1 else 0)
         calls = [(lane.encoder.encode_many, g)
-                 for lane, items in zip(lanes, by_lane) for g in groups(items)]
-        calls += [(self.reference.encode_stretches, g) for g in groups(slow, batch)]
+                 for lane, items in zip(lanes, by_lane) for g in groups(items, True)]
+        calls += [(self.reference.encode_stretches, g) for g in groups(slow, False, batch)]
         jobs = [partial(fn, [t for _, t in g]) for fn, g in calls]
         results: list = [None] * len(owner)
         for (_, g), answer in zip(calls, self._at_once(jobs) if parallel else
@@ -245,7 +268,8 @@ class PieceEncoder:
         if self.main.encoder is self.reference or self.second is not None \
                 or text_class(text) != "latin":
             return target
-        return max(target, min(LONGEST_FAST_PIECE, -(-len(text) // self.threads)))
+        threads = self.useful_threads(len(text), TEXT_WEIGHT["latin"])
+        return max(target, min(LONGEST_FAST_PIECE, -(-len(text) // threads)))
 
     def chunk_count(self, text: str) -> int:
         """How many chunks the stateless route cuts ``text`` into (of about
@@ -269,7 +293,7 @@ class PieceEncoder:
         closer than COALESCE_GAP characters are merged (one piece instead of three)."""
         _, rules, nfc_by_fast = self.main if lane is None else lane
         check_nfc = rules.nfc and not nfc_by_fast
-        route, _ = rules.route(piece, nfc=check_nfc)
+        route, at = rules.route(piece, nfc=check_nfc)
         literal = self.literal_spans(piece)
         uncut = self.cut_free_stretches(piece, rules)
         if route == ROUTE_FAST and not literal and not uncut:
@@ -277,9 +301,9 @@ class PieceEncoder:
         spans = [(a, b, f"special-token text {piece[a:b]!r} at {a} (encode_special_tokens)")
                  for a, b in literal]
         spans += [(a, b, f"no safe cut for {b - a} characters at {a}") for a, b in uncut]
-        if route != ROUTE_FAST:
+        if route == ROUTE_GUARD:  # the first guard character is at `at`: scan on from there
             spans += [(a, b, f"guard character U+{ord(piece[a]):04X} at {a}")
-                      for a, b in rules.guard_spans(piece)]
+                      for a, b in rules.guard_spans(piece, at)]
         if check_nfc and route != ROUTE_FAST:
             spans += [(a, c, f"not NFC at {a}") for a, c in self.unstable(piece)]
         if not spans:
@@ -380,13 +404,35 @@ class PieceEncoder:
 
     # --- threads --------------------------------------------------------------------------
 
-    def _groups(self, items: list, one: bool = False) -> list[list]:
-        """Split (slot, text) items into at most ``threads`` groups of about equal length, one
-        encoder call each; short work stays in one group (a thread hand-off costs more)."""
+    def useful_threads(self, chars: int, weight: float) -> int:
+        """The threads worth sharing ``chars`` characters of work among, each worth ``weight``
+        characters of Latin text on a fast encoder: ``threads``, or with the threads left to
+        dtok, 1 where the split would save less than AUTO_SPLIT_SAVING (1M characters of
+        prose stay on one thread, 4M go on two; 1M multilingual ones go on two)."""
+        n = self.threads
+        if n > 1 and self.auto_threads and chars * weight * (n - 1) < AUTO_SPLIT_SAVING * n:
+            return 1
+        return n
+
+    def split_threads(self, pieces: list[str]) -> int:
+        """The threads :meth:`encode_texts` shares these pieces (a text's chunks) among: the
+        decision it makes, for ``explain``."""
+        if self.main.encoder is self.reference:
+            return min(self.threads, len(pieces))
+        return max(1, len(self._groups(list(enumerate(pieces)), True)))
+
+    def _groups(self, items: list, fast: bool, one: bool = False) -> list[list]:
+        """Split (slot, text) items into groups of about equal length, one encoder call each:
+        at most :meth:`useful_threads` of them for the items' work (``fast``: text for a fast
+        encoder, :func:`fast_weight`; else stretches for the reference); short work
+        stays in one group (a thread hand-off costs more)."""
         if not items:
             return []
         total = sum(len(t) for _, t in items)
         n = 1 if one else min(self.threads, len(items), max(1, total // PARALLEL_MIN_CHARS))
+        if n > 1:
+            n = min(n, self.useful_threads(total, fast_weight(items) if fast
+                                           else REFERENCE_WEIGHT))
         if n == 1:
             return [items]
         groups: list[list] = [[] for _ in range(n)]

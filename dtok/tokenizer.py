@@ -263,7 +263,8 @@ class Tokenizer:
             return {**info, "route": "whole", "why": why}
         routes = info["chunk_routes"]
         n_ref = sum(r != "fast" for r in routes)
-        why = f"{len(routes)} chunks on {min(self.threads, len(routes))} thread(s)"
+        threads = self.pieces.split_threads(split_at(text, cuts))
+        why = f"{len(routes)} chunks on {threads} thread(s)"
         if self.encoder is not self.pieces.reference:
             why += f", {n_ref} of them with stretches on the reference"
         return {**info, "route": "chunked", "why": why}

@@ -666,3 +666,30 @@ def test_long_cut_free_stretches_go_to_the_reference(name):
     assert tok.pieces.routes([ok]) == ["fast"]
     for text in (prose, prose + "b" * n, prose + "b" * n + prose):  # appends to a session
         assert list(tok.encode(text, session="long runs")) == ref_ids(tok, text)
+
+
+def test_default_threads_share_a_text_only_where_the_split_pays(monkeypatch):
+    """With the threads left to dtok, a text's chunks go on several threads only where the
+    split is expected to save AUTO_SPLIT_SAVING (spaced out, two threads lost on 1M
+    characters of prose on a 2-vCPU guest); an explicit ``threads`` is used as given. The IDs
+    are the reference's either way."""
+    from dtok import pieces
+
+    monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
+    base = fast_tok("qwen3", content_lookup=False)
+    auto, two = base.with_knobs(threads=None), base.with_knobs(threads=2)
+    assert auto.pieces.threads == two.pieces.threads == 2
+    prose = read_text("prose", "gutenberg-2701_moby-dick.txt")
+    multi = read_text("multilingual", "udhr_all-languages_concatenated.txt")
+    small, large = prose[:1_000_000], (prose * 4)[:4_200_000]
+    assert auto.explain(small)["route"] == "whole"  # one piece on one thread, as threads=1
+    assert two.explain(small)["why"].startswith("2 chunks on 2 thread(s)")
+    assert "on 2 thread(s)" in auto.explain(large)["why"]
+    # multilingual text whose first chunk is Latin text: the whole text's work decides
+    many = prose[:70_000] + (multi * (1 + 1_000_000 // len(multi)))[:930_000]
+    assert "on 2 thread(s)" in auto.explain(many)["why"]
+    assert "on 1 thread(s)" in auto.explain(many[-300_000:])["why"]
+    assert "on 2 thread(s)" in two.explain(many[-300_000:])["why"]
+    for text in (small, large, many[-300_000:]):
+        want = ref_ids(base, text)
+        assert list(auto.encode(text)) == want and list(two.encode(text)) == want
