@@ -13,7 +13,9 @@ from typing import Any
 __all__ = ["KNOBS", "ENCODERS", "validate", "positive_int"]
 
 KNOBS: dict[str, Any] = {
-    "threads": None,  # encoder threads for chunked encodes; None = the CPUs this process may use
+    # encoder threads for chunked encodes; None = the CPUs this process may use, a text shared
+    # out among them only where the split pays (dtok.pieces.AUTO_SPLIT_SAVING)
+    "threads": None,
     "chunk_threshold": 131072,  # texts this long (code points) or longer are cut into chunks
     "chunk_target": 65536,  # aimed-at chunk length
     "max_chunks": 16,

@@ -29,7 +29,8 @@ def test_demo_small():
     out = run("demo", "--chars", "200000", "--turns", "4")
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("yes") == 5 and "NO" not in out.stdout
-    assert "session repair" in out.stdout and "route chunked" in out.stdout
+    # 200K characters of prose: one piece on the default threads (docs/knobs.md#threads)
+    assert "session repair" in out.stdout and "route whole (one piece" in out.stdout
 
 
 def test_encode_and_npy(tmp_path):
@@ -90,7 +91,7 @@ def test_replay_keyed_and_lookup():
 
 def test_explain_json(tmp_path):
     f = tmp_path / "t.txt"
-    f.write_text("word " * 40000)
+    f.write_text("слово " * 40000, encoding="utf-8")  # other text: chunks of chunk_target
     out = run("explain", str(f))
     info = json.loads(out.stdout)
     assert out.returncode == 0 and info["route"] == "chunked" and info["admitted"]
