@@ -17,8 +17,9 @@ Each (tokenizer, mode) runs in a fresh process with FASTOKENS_BPE_THREADS=1 (unl
   artifact store filled by ``LocalDirectorySource``) and the reference's ``encode_batch_fast``
   also loaded, each its own instance, and called in the rotation; every peer's output is
   compared with the reference's and its wrong outputs printed (``# WRONG``);
-* ``2 threads``, ``2 threads+others``: dtok with its default threads (2 here), against the same
-  single-threaded peers.
+* ``2 threads``, ``2 threads+others``: dtok with its default threads (2 here; since
+  2026-12-02 a text is shared out only where the split pays, docs/knobs.md#threads), against
+  the same single-threaded peers.
 
 For every kind of text (prose, code, multilingual, adversarial: the adversarial corpus files
 concatenated) distinct documents (whole periods of a balanced rotation, at least
