@@ -256,15 +256,15 @@ class Tokenizer:
                         if self.rules.is_safe(text, c) == VERDICT_AT_SPECIAL
                         else "class transition") for c in cuts],
         )
-        info["chunk_routes"] = self.pieces.routes(split_at(text, cuts))
+        chunks = split_at(text, cuts)
+        info["chunk_routes"] = self.pieces.routes(chunks)
         if not cuts:
             why = (f"one piece: {n} chars fit the chunk length aimed at" if k == 1
                    else "no safe cut within the scan budget")
             return {**info, "route": "whole", "why": why}
         routes = info["chunk_routes"]
         n_ref = sum(r != "fast" for r in routes)
-        threads = self.pieces.split_threads(split_at(text, cuts))
-        why = f"{len(routes)} chunks on {threads} thread(s)"
+        why = f"{len(routes)} chunks on {self.pieces.split_threads(chunks)} thread(s)"
         if self.encoder is not self.pieces.reference:
             why += f", {n_ref} of them with stretches on the reference"
         return {**info, "route": "chunked", "why": why}
