@@ -14,6 +14,10 @@ through a :class:`ChunkEncoder`. Two exist:
   Unicode 16: its guards differ from fastokens'). Its pre-token cache has no bound in 0.10.0
   and no public way to clear it, so dtok replaces the native instance after ``RENEW_CHARS``
   characters (see :class:`GigaEncoder`).
+
+Both fast encoders read a str as UTF-8 (``PyUnicode_AsUTF8AndSize``); they are handed each text
+with its UTF-8 already written by :func:`dtok_ext.utf8.cache_utf8` (vector loops, no GIL), where
+CPython's own encoder took a fifth of fastokens' time on 1M characters of prose.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from contextlib import contextmanager
 from typing import Protocol
 
 from dtok_ext.buffers import ids_from_list
+from dtok_ext.utf8 import cache_utf8, cache_utf8_each
 
 FASTOKENS_VERSION = "0.3.5"  # the version the guard tables and the verification were built for
 GIGATOKEN_VERSION = "0.10.0"
@@ -225,10 +230,12 @@ class FastEncoder:
         self.native.encode_batch_flat(["warm up the lazy state " * 20], add_special_tokens=False)
 
     def encode(self, text: str):
+        cache_utf8(text)
         ids, _offsets = self.native.encode_batch_flat([text], add_special_tokens=False)
         return memoryview(ids).cast("i") if sys.byteorder == "little" else _swap(ids)
 
     def encode_many(self, texts: list[str]) -> list:
+        cache_utf8_each(texts)
         ids, offsets = self.native.encode_batch_flat(texts, add_special_tokens=False)
         if sys.byteorder != "little":
             flat = _swap(ids)
@@ -282,9 +289,11 @@ class GigaEncoder:
         return self.native
 
     def encode(self, text: str):
+        cache_utf8(text)
         return memoryview(self._native(len(text)).encode(text).view("i4"))
 
     def encode_many(self, texts: list[str]) -> list:
+        cache_utf8_each(texts)
         native = self._native(sum(map(len, texts)))
         return [memoryview(native.encode(t).view("i4")) for t in texts]
 
