@@ -365,6 +365,37 @@ def test_encode_list_in_a_loop_takes_turns_between_two_lists():
                 enc.close()
 
 
+def test_session_lists_share_their_int_objects():
+    """Every session's list holds the process's shared int object of each ID (8 bytes a token,
+    not 40), in process and through the pool, and stays exact; the session budget counts it so."""
+    from dtok_ext.buffers import SHARED_INTS
+
+    tok = load_tokenizer("qwen3")
+    src = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")
+    for make in (lambda: tok.with_knobs(), lambda: Pool(tok, workers=1, name="sharedints")):
+        enc = make()
+        try:
+            a = enc.encode_list(src[:20_000], session="a")
+            b = enc.encode_list(src[10_000:30_000] + src[:100], session="b")
+            a2 = enc.encode_list(src[:20_000] + " more", session="a")
+            assert a == ref_ids(tok, src[:20_000]) and a2 == ref_ids(tok, src[:20_000] + " more")
+            assert b == ref_ids(tok, src[10_000:30_000] + src[:100])
+            common = set(a) & set(b)
+            assert len(common) > 500
+            first_a = {x: x for x in a}
+            assert all(x is first_a[x] for x in b if x in first_a)  # the same objects
+            assert all(x is first_a[x] for x in a2 if x in first_a)
+            assert max(a + b) < SHARED_INTS
+        finally:
+            if isinstance(enc, Pool):
+                enc.close()
+    entry = tok.with_knobs()
+    ids = entry.encode_list(src[:40_000], session="s")
+    lists = entry.sessions.stats()
+    assert 0 < lists["bytes"] - lists["text_bytes"] - lists["id_bytes"] - lists["anchor_bytes"] \
+        <= 3 * 8 * len(ids), lists  # items of the truth list and the one handed out, no ints
+
+
 @pytest.mark.slow
 def test_two_hundred_starts_without_a_hang():
     campaign = ROOT / "tools" / "reliability" / "pool_start_campaign.py"
