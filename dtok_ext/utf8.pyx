@@ -161,11 +161,7 @@ def cache_utf8(text) -> bool:
 
 def cache_utf8_each(list texts not None) -> int:
     """:func:`cache_utf8` of each str of ``texts`` (one encoder call's); how many were written."""
-    cdef Py_ssize_t written = 0
-    for text in texts:
-        if type(text) is str and _cache(<str>text):
-            written += 1
-    return written
+    return sum([cache_utf8(text) for text in texts])
 
 
 cdef bint _cache(str text):
@@ -174,8 +170,9 @@ cdef bint _cache(str text):
     cdef char* buf
     cdef char* shrunk
     cdef char* end
-    if len(text) < MIN_CHARS or not DTOK_UTF8_CACHE_BUILD or PyUnicode_IS_ASCII(text) or not PyUnicode_IS_COMPACT(text) \
-            or not dtok_utf8_is_empty(text) or not dtok_same_allocators():
+    if len(text) < MIN_CHARS or not DTOK_UTF8_CACHE_BUILD or PyUnicode_IS_ASCII(text) \
+            or not PyUnicode_IS_COMPACT(text) or not dtok_utf8_is_empty(text) \
+            or not dtok_same_allocators():
         return False
     t = utext_of(text)
     buf = <char*>PyMem_Malloc(t.length * (t.kind + (t.kind < 4)) + 1)  # 2, 3 or 4 per char

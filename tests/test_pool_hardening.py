@@ -393,7 +393,7 @@ def test_session_lists_share_their_int_objects():
     ids = entry.encode_list(src[:40_000], session="s")
     lists = entry.sessions.stats()
     assert 0 < lists["bytes"] - lists["text_bytes"] - lists["id_bytes"] - lists["anchor_bytes"] \
-        <= 3 * 8 * len(ids), lists  # items of the truth list and the one handed out, no ints
+        <= 3 * 8 * len(ids), lists  # 8 bytes an item of truth, out and spare; no int objects
 
 
 @pytest.mark.slow

@@ -8,14 +8,14 @@ from __future__ import annotations
 import ctypes
 import random
 import tracemalloc
-from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
 
+from conftest import HAVE_SHARED, ROOT, SHARED, shared_path
 from dtok_ext.utf8 import MIN_CHARS, available, cache_utf8, cache_utf8_each
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+CORPUS = SHARED / "corpus" if HAVE_SHARED else ROOT / "tests" / "data" / "corpus"
 _as_utf8 = ctypes.pythonapi.PyUnicode_AsUTF8AndSize
 _as_utf8.restype = ctypes.c_void_p
 _as_utf8.argtypes = [ctypes.py_object, ctypes.POINTER(ctypes.c_ssize_t)]
@@ -44,7 +44,7 @@ def texts() -> list[str]:
                                chr(rng.randrange(0x20, 0x7F)) for _ in range(n)))
         out.append("a" * 16 * 400 + chr(edges[-1]))  # non-ASCII only in the last character
         out.append(chr(edges[-1]) + "b" * 9999)
-    corpus = sorted(p for p in (SHARED / "corpus").rglob("*") if p.is_file())
+    corpus = sorted(p for p in CORPUS.rglob("*") if p.is_file() and p.suffix != ".gz")
     for p in corpus:
         text = p.read_bytes().decode("utf-8", "surrogateescape")
         if len(text) >= MIN_CHARS and not text.isascii():
@@ -113,7 +113,7 @@ def test_declined_where_cpython_would_differ_or_need_nothing():
 def test_fast_encoders_read_the_written_utf8(name):
     import fastokens
 
-    path = SHARED / "tokenizers" / name / "tokenizer.json"
+    path = shared_path("tokenizers", name, "tokenizer.json")
     ref = Tokenizer.from_file(str(path))
     fast = fastokens.Tokenizer.from_file(str(path))
     fast.enable_segment_cache(0)
