@@ -162,6 +162,16 @@ def peers(path: Path, with_others: bool, name: str = "") -> dict:
     return out
 
 
+def outcome(fn, text: str):
+    """``fn(text)``, or the exception it raised (a peer's Rust panic is a BaseException)."""
+    try:
+        return fn(text)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - reported as that peer's wrong output
+        return exc
+
+
 def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
               pause_ms: float = PAUSE_MS, hot: bool = False) -> list[dict]:
     import dtok
@@ -177,8 +187,9 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
     # Warm every encoder's word cache on other text first (a serving process is warm).
     for kind in KINDS:
         warm = documents(kind, 300_000, 7)[-1]
-        for fn in encoders.values():
-            fn(warm)
+        for label, fn in encoders.items():
+            if isinstance(exc := outcome(fn, warm), BaseException):  # counted when timed
+                print(f"# {label} raised on {kind} warm-up text: {exc!r}"[:200], flush=True)
     rows = []
     # whole periods of the balanced rotation: every encoder first on a document equally often
     period = balanced_period(len(encoders))
@@ -187,7 +198,7 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
         for kind in KINDS:
             docs = documents(kind, size, n_docs + 1)
             for fn in encoders.values():
-                fn(docs[-1][:100_000])
+                outcome(fn, docs[-1][:100_000])  # one that raises is reported when timed
             wants = [ref.encode((doc + " ")[:-1], add_special_tokens=False).ids
                      for doc in docs[:-1]]
             wall = {k: [] for k in encoders}
@@ -206,15 +217,10 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
                     # whoever comes second skip the transcoding
                     fresh = (doc + " ")[:-1]
                     if hot:  # the same document just before: caches (word, pre-token) hot
-                        fn((doc + " ")[:-1])
+                        outcome(fn, (doc + " ")[:-1])
                     time.sleep(pause_ms / 1e3)  # the previous encoder's threads settle (--order)
                     c0, t0 = time.process_time(), time.perf_counter()
-                    try:
-                        got = fn(fresh)
-                    except BaseException as exc:  # a Rust panic is a BaseException
-                        if isinstance(exc, KeyboardInterrupt):
-                            raise
-                        got = exc
+                    got = outcome(fn, fresh)
                     wall[label].append(time.perf_counter() - t0)
                     cpu[label].append(time.process_time() - c0)
                     if isinstance(got, BaseException):

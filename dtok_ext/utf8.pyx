@@ -49,42 +49,47 @@ cdef extern from *:
         ((PyCompactUnicodeObject*)s)->utf8_length = n;
     }
 
-    /* Whether the 16 characters at p are all below U+0080; if so, they are written to out as
-       16 bytes. SSE2 (every x86-64) where there is one, else plain loops. */
+    /* How many of the 16 characters at p lead below U+0080 (0..16); those are written to out
+       as bytes (16 bytes are stored: the caller leaves room). SSE2 (every x86-64) where there
+       is one, else plain loops. */
+    #if defined(__GNUC__) || defined(__clang__)
+    #define DTOK_CTZ(x) __builtin_ctz(x)
+    #else
+    static inline int DTOK_CTZ(unsigned int x) { int k = 0; while (!(x & 1u)) { x >>= 1; k++; } return k; }
+    #endif
     #ifdef __SSE2__
     #include <emmintrin.h>
-    static inline int dtok_none_of(__m128i x, __m128i bits) {  /* (x & bits) == 0 */
-        return _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_and_si128(x, bits), _mm_setzero_si128()))
-            == 0xFFFF;
+    static inline int dtok_leading(unsigned int non_ascii) {  /* one bit a character */
+        return non_ascii ? DTOK_CTZ(non_ascii) : 16;
     }
     static inline int dtok_ascii16_1(const Py_UCS1* p, char* out) {
         __m128i v = _mm_loadu_si128((const __m128i*)p);
-        if (_mm_movemask_epi8(v)) return 0;
         _mm_storeu_si128((__m128i*)out, v);
-        return 1;
+        return dtok_leading((unsigned int)_mm_movemask_epi8(v));
     }
     static inline int dtok_ascii16_2(const Py_UCS2* p, char* out) {
         __m128i a = _mm_loadu_si128((const __m128i*)p), b = _mm_loadu_si128((const __m128i*)(p + 8));
-        if (!dtok_none_of(_mm_or_si128(a, b), _mm_set1_epi16((short)0xFF80))) return 0;
+        __m128i high = _mm_set1_epi16((short)0xFF80), zero = _mm_setzero_si128();
+        /* packus reads the units as signed: only the ASCII lanes' bytes are kept */
         _mm_storeu_si128((__m128i*)out, _mm_packus_epi16(a, b));
-        return 1;
+        __m128i ascii = _mm_packs_epi16(_mm_cmpeq_epi16(_mm_and_si128(a, high), zero),
+                                        _mm_cmpeq_epi16(_mm_and_si128(b, high), zero));
+        return dtok_leading(~(unsigned int)_mm_movemask_epi8(ascii) & 0xFFFFu);
     }
     static inline int dtok_ascii16_4(const Py_UCS4* p, char* out) {
         __m128i a = _mm_loadu_si128((const __m128i*)p), b = _mm_loadu_si128((const __m128i*)(p + 4));
         __m128i c = _mm_loadu_si128((const __m128i*)(p + 8)), d = _mm_loadu_si128((const __m128i*)(p + 12));
-        if (!dtok_none_of(_mm_or_si128(_mm_or_si128(a, b), _mm_or_si128(c, d)),
-                                  _mm_set1_epi32((int)0xFFFFFF80))) return 0;
-        _mm_storeu_si128((__m128i*)out, _mm_packus_epi16(_mm_packs_epi32(a, b), _mm_packs_epi32(c, d)));
-        return 1;
+        /* saturating packs map every code point >= 0x80 (at most 0x10FFFF) to a byte >= 0x80 */
+        __m128i v = _mm_packus_epi16(_mm_packs_epi32(a, b), _mm_packs_epi32(c, d));
+        _mm_storeu_si128((__m128i*)out, v);
+        return dtok_leading((unsigned int)_mm_movemask_epi8(v));
     }
     #else
     #define DTOK_ASCII16(NAME, T)                                                          \
         static inline int NAME(const T* p, char* out) {                                    \
-            unsigned int top = 0;                                                          \
-            for (int j = 0; j < 16; j++) top |= p[j];                                      \
-            if (top >= 0x80u) return 0;                                                    \
-            for (int j = 0; j < 16; j++) out[j] = (char)p[j];                              \
-            return 1;                                                                      \
+            int j = 0;                                                                     \
+            for (; j < 16 && p[j] < 0x80u; j++) out[j] = (char)p[j];                       \
+            return j;                                                                      \
         }
     DTOK_ASCII16(dtok_ascii16_1, Py_UCS1)
     DTOK_ASCII16(dtok_ascii16_2, Py_UCS2)
@@ -92,20 +97,25 @@ cdef extern from *:
     #endif
 
     /* p[0..n) as UTF-8 at out (room for 4 bytes a character, or as many as the width can
-       need); returns the end, or NULL at a surrogate (CPython's strict encoder raises). */
+       need); returns the end, or NULL at a surrogate (CPython's strict encoder raises). ASCII
+       goes 16 characters at a time, up to the next other character; a run of others goes one
+       by one, back to the vector step at the next ASCII character (until the last 16). */
     #define DTOK_UTF8_WRITE(NAME, T, ASCII16)                                              \
         static char* NAME(const T* p, Py_ssize_t n, char* out) {                           \
             Py_ssize_t i = 0;                                                              \
             while (i < n) {                                                                \
-                if (i + 16 <= n && ASCII16(p + i, out)) {                                  \
-                    i += 16;                                                               \
-                    out += 16;                                                             \
-                    continue;                                                              \
+                if (i + 16 <= n) {                                                         \
+                    int k = ASCII16(p + i, out);                                           \
+                    i += k;                                                                \
+                    out += k;                                                              \
+                    if (k == 16)                                                           \
+                        continue;                                                          \
                 }                                                                          \
-                Py_ssize_t end = i + 16 < n ? i + 16 : n;                                  \
-                for (; i < end; i++) {                                                     \
+                for (; i < n; i++) {                                                       \
                     unsigned int c = p[i];                                                 \
                     if (c < 0x80u) {                                                       \
+                        if (i + 16 <= n)                                                   \
+                            break;                                                         \
                         *out++ = (char)c;                                                  \
                     } else if (c < 0x800u) {                                               \
                         *out++ = (char)(0xC0u | (c >> 6));                                 \

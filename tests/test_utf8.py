@@ -43,6 +43,10 @@ def texts() -> list[str]:
             out.append("".join(chr(rng.choice(edges)) if rng.random() < 0.3 else
                                chr(rng.randrange(0x20, 0x7F)) for _ in range(n)))
         out.append("a" * 16 * 400 + chr(edges[-1]))  # non-ASCII only in the last character
+        # ASCII runs of every length up to two vector steps before each edge: every count of
+        # leading ASCII characters in a step, at every alignment, and runs of others
+        runs = "".join("a" * r + chr(e) * (1 + r % 3) for e in edges for r in range(34))
+        out.append(runs * -(-MIN_CHARS // len(runs)))
         out.append(chr(edges[-1]) + "b" * 9999)
     corpus = sorted(p for p in CORPUS.rglob("*") if p.is_file() and p.suffix != ".gz")
     for p in corpus:
