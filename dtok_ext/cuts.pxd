@@ -30,7 +30,8 @@ cdef class CutRules:
     cdef public bint _check_specials
     cdef public bint _check_new_text    # continuations: a seam must be a cut of the new text too
 
-    cdef int verdict(self, const UText* t, Py_ssize_t b, Py_ssize_t limit) noexcept nogil
+    cdef int verdict(self, const UText* t, Py_ssize_t b, Py_ssize_t limit,
+                     bint specials_near) noexcept nogil
     cdef int nfc_ok(self, str text, const UText* t, Py_ssize_t b, Py_ssize_t limit) except -1
     cdef int resolve(self, str text, const UText* t, Py_ssize_t b, Py_ssize_t limit) except -1
     cdef Py_ssize_t scan_back(self, str text, Py_ssize_t start, Py_ssize_t stop,

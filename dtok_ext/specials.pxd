@@ -17,8 +17,10 @@ cdef class SpecialMatcher:
     cdef readonly int max_len
     cdef object _starts                 # bytes: 1 for a BMP code point that begins some pattern
     cdef const unsigned char* starts
+    cdef bint astral_starts             # some pattern begins with a code point above U+FFFF
 
     cdef bint may_start_in(self, const UText* t, Py_ssize_t start, Py_ssize_t stop) noexcept nogil
+    cdef bint may_touch(self, const UText* t, Py_ssize_t lo, Py_ssize_t hi) noexcept nogil
 
     cdef int _goto(self, int node, Py_UCS4 ch) noexcept nogil
     cdef int _step(self, int state, Py_UCS4 ch) noexcept nogil

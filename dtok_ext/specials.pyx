@@ -81,11 +81,15 @@ cdef class SpecialMatcher:
         self.n_patterns = len(pats)
         self.max_len = max((len(p) for p in pats), default=0)
         # Which code points start some pattern: a cheap test before running the automaton
-        # (most windows of ordinary text hold no such character). Astral ones are all "maybe".
+        # (most windows of ordinary text hold no such character). Astral ones are all "maybe"
+        # when some pattern starts with one (emoji-rich text would otherwise always run it).
         starts = bytearray(0x10000)
+        self.astral_starts = False
         for p in pats:
             if ord(p[0]) < 0x10000:
                 starts[ord(p[0])] = 1
+            else:
+                self.astral_starts = True
         self._starts = bytes(starts)
         self.starts = <const unsigned char*>self._starts
 
@@ -117,9 +121,25 @@ cdef class SpecialMatcher:
         cdef Py_UCS4 c
         for i in range(start, stop):
             c = uread(t, i)
-            if c >= 0x10000 or self.starts[c]:
+            if c < 0x10000:
+                if self.starts[c]:
+                    return True
+            elif self.astral_starts:
                 return True
         return False
+
+    cdef bint may_touch(self, const UText* t, Py_ssize_t lo, Py_ssize_t hi) noexcept nogil:
+        """Whether an occurrence might start at, end at or cover some position b in [lo, hi]:
+        such an occurrence [s, e) has b - max_len <= s <= b, and t[s] begins a pattern. False
+        lets a scan over those positions skip the automaton."""
+        if self.max_len == 0:
+            return False
+        lo -= self.max_len
+        if lo < 0:
+            lo = 0
+        if hi >= t.length:
+            hi = t.length - 1
+        return self.may_start_in(t, lo, hi + 1)
 
     cdef bint covers(self, const UText* t, Py_ssize_t b) noexcept nogil:
         """Some occurrence [s, e) has s < b < e."""

@@ -41,3 +41,33 @@ def test_deepseek_818_tokens():
 def test_no_added_tokens():
     m = SpecialMatcher([])
     assert m.find_all("anything") == [] and not m.covers_position("abc", 1)
+
+
+# Texts where added tokens start near cuts and far from them: whole tokens, their fragments,
+# astral characters (one pattern below starts with one), and stretches with none of them
+# longer than a scan's block of positions.
+SCAN_PARTS = ["<|eot_id|>", "<|", "|>", "<", "\U0001f642<x", "\U0001f642", "ab", " ", "\n",
+              "xyz " * 12, "  \t", "é"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(SCAN_PARTS), max_size=40))
+def test_scans_find_the_cuts_each_position_check_finds(parts):
+    """scan_back and scan_forward ask SpecialMatcher.may_touch once per block of positions and
+    skip the automaton where it says no: they must stop exactly where a check of every position
+    (is_safe, the automaton always run) finds the nearest safe cut."""
+    import dtok.tables
+    from dtok_ext.cuts import CutRules
+
+    fam = dtok.tables.load("llama3")
+    tok = load_tokenizer("llama3")
+    patterns = list(tok.admission.added_tokens) + ["\U0001f642<x", "ab"]
+    rules = CutRules(fam.table, fam.accept, SpecialMatcher(patterns), None)
+    text = "".join(parts)
+    n = len(text)
+    safe = [b for b in range(1, n) if rules.is_safe(text, b)]
+    for b in range(1, n):
+        back = max((p for p in safe if p <= b), default=-1)
+        ahead = min((p for p in safe if p >= b), default=n)
+        assert rules.scan(text, b, 1) == back, b
+        assert rules.isolate(text, [(b, b)], n) == [(max(back, 0), ahead)], b
