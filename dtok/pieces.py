@@ -407,12 +407,20 @@ class PieceEncoder:
     def useful_threads(self, chars: int, weight: float) -> int:
         """The threads worth sharing ``chars`` characters of work among, each worth ``weight``
         characters of Latin text on a fast encoder: ``threads``, or with the threads left to
-        dtok, 1 where the split would save less than AUTO_SPLIT_SAVING (1M characters of
-        prose stay on one thread, 4M go on two; 1M multilingual ones go on two)."""
+        dtok, 1 where an even split would not pay (:meth:`split_pays`: 1M characters of prose
+        stay on one thread, 4M go on two; 1M multilingual ones go on two)."""
         n = self.threads
-        if n > 1 and self.auto_threads and chars * weight * (n - 1) < AUTO_SPLIT_SAVING * n:
+        if n > 1 and not self.split_pays(chars, chars / n, weight):
             return 1
         return n
+
+    def split_pays(self, chars: float, largest: float, weight: float) -> bool:
+        """Whether sharing ``chars`` characters of work (each worth ``weight`` characters of
+        Latin text on a fast encoder) among threads, the largest share ``largest`` characters,
+        is worth it: always with an explicit ``threads``; with the threads left to dtok, where
+        it saves at least AUTO_SPLIT_SAVING (the other shares' work, which the other threads
+        take off the largest's thread)."""
+        return not self.auto_threads or (chars - largest) * weight >= AUTO_SPLIT_SAVING
 
     def split_threads(self, pieces: list[str]) -> int:
         """The threads :meth:`encode_texts` shares these pieces (a text's chunks) among: the
@@ -430,9 +438,10 @@ class PieceEncoder:
             return []
         total = sum(len(t) for _, t in items)
         n = 1 if one else min(self.threads, len(items), max(1, total // PARALLEL_MIN_CHARS))
+        weight = 0
         if n > 1:
-            n = min(n, self.useful_threads(total, fast_weight(items) if fast
-                                           else REFERENCE_WEIGHT))
+            weight = fast_weight(items) if fast else REFERENCE_WEIGHT
+            n = min(n, self.useful_threads(total, weight))
         if n == 1:
             return [items]
         groups: list[list] = [[] for _ in range(n)]
@@ -440,7 +449,11 @@ class PieceEncoder:
         for item in items:  # by the item's middle: contiguous runs, each group's text in order
             groups[min(n - 1, int((size + len(item[1]) / 2) // share))].append(item)
             size += len(item[1])
-        return [grp for grp in groups if grp]
+        groups = [grp for grp in groups if grp]
+        # uneven items (a piece's two stretches around a guard character, one of them short)
+        # make uneven groups: the split must pay as they are, not as an even one would
+        largest = max(sum(len(t) for _, t in grp) for grp in groups)
+        return groups if self.split_pays(total, largest, weight) else [items]
 
     def _count(self, fast: int = 0, reference: int = 0, second: int = 0) -> None:
         with self._lock:

@@ -693,3 +693,40 @@ def test_default_threads_share_a_text_only_where_the_split_pays(monkeypatch):
     for text in (small, large, many[-300_000:]):
         want = ref_ids(base, text)
         assert list(auto.encode(text)) == want and list(two.encode(text)) == want
+
+
+def test_default_threads_do_not_split_a_piece_unevenly(monkeypatch):
+    """A piece's fast stretches around a guard character near its start are one short and one
+    long: sharing them out puts nearly all the work on one thread, and with the threads left to
+    dtok that split must pay as it is (not as an even split of the same work would). The
+    short stretch here is multilingual, so the stretches' sample says "other" (three times the
+    work of Latin text): an even split would pay, this one does not. An explicit ``threads``
+    still splits. The IDs are the reference's either way."""
+    import threading
+
+    from dtok import pieces
+
+    monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
+    base = fast_tok("qwen3", content_lookup=False)
+    auto, two = base.with_knobs(threads=None), base.with_knobs(threads=2)
+    prose = read_text("prose", "gutenberg-2701_moby-dick.txt")
+    multi = read_text("multilingual", "udhr_all-languages_concatenated.txt")
+    start = next(i for i in range(0, len(multi) - 600, 100)
+                 if len(multi[i:i + 600].encode()) > 1.8 * 600)  # a non-Latin script
+    other = multi[start:start + 600]
+    text = other[:300] + "\u0378" + other[300:] + prose[:1_000_000]  # U+0378: unassigned, a guard
+    assert pieces.text_class(text) == "latin" and auto.explain(text)["route"] == "whole"
+    for tok, threads_used in ((auto, 1), (two, 2)):
+        seen = []
+        encoder = tok.pieces.main.encoder
+        many = encoder.encode_many
+
+        def recording(texts, many=many, seen=seen):
+            seen.append(threading.current_thread().name)
+            return many(texts)
+
+        monkeypatch.setattr(encoder, "encode_many", recording)
+        assert list(tok.encode(text)) == ref_ids(base, text)
+        assert len(seen) == threads_used, seen
+        monkeypatch.undo()
+        monkeypatch.setattr(pieces, "available_cpus", lambda: 2)
