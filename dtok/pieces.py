@@ -438,7 +438,6 @@ class PieceEncoder:
             return []
         total = sum(len(t) for _, t in items)
         n = 1 if one else min(self.threads, len(items), max(1, total // PARALLEL_MIN_CHARS))
-        weight = 0
         if n > 1:
             weight = fast_weight(items) if fast else REFERENCE_WEIGHT
             n = min(n, self.useful_threads(total, weight))
