@@ -1,6 +1,8 @@
 """The added-token automaton reports every occurrence, overlapping ones included."""
 from __future__ import annotations
 
+import functools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,19 +52,24 @@ SCAN_PARTS = ["<|eot_id|>", "<|", "|>", "<", "\U0001f642<x", "\U0001f642", "ab",
               "xyz " * 12, "  \t", "é"]
 
 
+@functools.cache
+def scan_rules():
+    """Llama-3.1's cut rules with its added tokens and two more (one starting astral)."""
+    import dtok.tables
+    from dtok_ext.cuts import CutRules
+
+    fam = dtok.tables.load("llama3")
+    patterns = list(load_tokenizer("llama3").admission.added_tokens) + ["\U0001f642<x", "ab"]
+    return CutRules(fam.table, fam.accept, SpecialMatcher(patterns), None)
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.sampled_from(SCAN_PARTS), max_size=40))
 def test_scans_find_the_cuts_each_position_check_finds(parts):
     """scan_back and scan_forward ask SpecialMatcher.may_touch once per block of positions and
     skip the automaton where it says no: they must stop exactly where a check of every position
     (is_safe, the automaton always run) finds the nearest safe cut."""
-    import dtok.tables
-    from dtok_ext.cuts import CutRules
-
-    fam = dtok.tables.load("llama3")
-    tok = load_tokenizer("llama3")
-    patterns = list(tok.admission.added_tokens) + ["\U0001f642<x", "ab"]
-    rules = CutRules(fam.table, fam.accept, SpecialMatcher(patterns), None)
+    rules = scan_rules()
     text = "".join(parts)
     n = len(text)
     safe = [b for b in range(1, n) if rules.is_safe(text, b)]
