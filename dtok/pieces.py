@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,18 @@ AUTO_SPLIT_SAVING = 1_250_000
 # (1M characters: 11-17 ms against ~4); the reference ~100x (~0.5 us a character).
 TEXT_WEIGHT = {"latin": 1, "other": 3}
 REFERENCE_WEIGHT = 100
+# Text the stateless route cut into many chunks (at least MEASURED_MIN_CHUNKS per thread) is
+# shared out by the rule above only where the encode of its first chunks confirms it: the
+# first chunk is encoded untimed (the first call after an idle spell runs cold), the next
+# 1/MEASURED_SHARE of the text timed, and the rest goes on several threads only where that
+# time says the split saves AUTO_SPLIT_SECONDS (AUTO_SPLIT_SAVING in seconds: 1M characters
+# of prose took fastokens 4-5 ms cold); else it stays on this thread. Other text's cost varies
+# too much for the two classes above: 1M characters of adversarial text cost fastokens 4-6 ms
+# (Llama-3.1, DeepSeek-V3, gpt-oss), multilingual 15-23, and adversarial text split in two on
+# the 2-vCPU guest took 1.4-1.9x the time of one thread, spaced out or back to back.
+AUTO_SPLIT_SECONDS = 0.005
+MEASURED_SHARE = 8
+MEASURED_MIN_CHUNKS = 4
 
 
 def text_class(piece: str) -> str:
@@ -83,6 +96,19 @@ def fast_weight(items: list) -> int:
         return TEXT_WEIGHT[text_class(items[0][1])]
     step = max(1, len(items) // CLASS_RUNS)
     return TEXT_WEIGHT[text_class("".join([t[:CLASS_RUN] for _, t in items[::step]]))]
+
+
+def _even_runs(items: list, n: int, total: int | None = None) -> list[list]:
+    """(slot, text) items in at most ``n`` contiguous runs of about equal length (each item
+    goes to the run its middle falls in; each run's text in order)."""
+    if total is None:
+        total = sum(len(t) for _, t in items)
+    runs: list[list] = [[] for _ in range(n)]
+    share, size = total / n, 0
+    for item in items:
+        runs[min(n - 1, int((size + len(item[1]) / 2) // share))].append(item)
+        size += len(item[1])
+    return [run for run in runs if run]
 
 
 def affixed_view(ids, add_special: bool, n_prefix: int, n_suffix: int) -> memoryview:
@@ -129,6 +155,7 @@ class PieceEncoder:
             if loaded.literal is not None else ()
         self._check_literal = True  # private hook of the control (tests/test_literal_specials.py)
         self._check_long = True  # private hook of the memory test's control (tests/test_memory.py)
+        self._clock = time.perf_counter  # test seam: what the measured split reads
         self._pieces = {"fast": 0, "reference": 0, "second": 0}
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
@@ -151,11 +178,42 @@ class PieceEncoder:
                 return [[ids] for ids in self.reference.encode_many(pieces)]
             return [[ids] for ids in self._map(self.reference.encode, pieces)]
         runs = [] if batch or len(pieces) == 1 else self._groups(list(enumerate(pieces)), True)
+        if len(runs) > 1 and self._measures_split(pieces, len(runs)):
+            return self._encode_measured(pieces, len(runs))
         if len(runs) > 1:
-            return [out for outs in self._at_once(
-                [partial(self._encode_routed, [p for _, p in run], False) for run in runs])
-                for out in outs]
+            return self._encode_runs(runs)
         return self._encode_routed(pieces, True, batch)
+
+    def _encode_runs(self, runs: list[list]) -> list[list]:
+        """:meth:`encode_texts` of runs of (slot, piece) items, each run routed and encoded on a
+        thread of its own, the first on this one."""
+        return [out for outs in self._at_once(
+            [partial(self._encode_routed, [p for _, p in run], False) for run in runs])
+            for out in outs]
+
+    def _measures_split(self, pieces: list[str], threads: int) -> bool:
+        """Whether a split of these pieces among ``threads`` waits for the time their first
+        chunks take (:meth:`_encode_measured`): with the threads left to dtok, for many chunks."""
+        return self.auto_threads and len(pieces) >= MEASURED_MIN_CHUNKS * threads
+
+    def _encode_measured(self, pieces: list[str], threads: int) -> list[list]:
+        """:meth:`encode_texts` of many pieces that the characters say to share out among
+        ``threads``: the first piece here untimed, the next 1/MEASURED_SHARE of the text here
+        timed, then the rest shared out only where that time says the split saves
+        AUTO_SPLIT_SECONDS (the work off this thread), else encoded here too."""
+        total = sum(map(len, pieces))
+        out = self._encode_routed(pieces[:1], False)
+        k, timed = 1, 0
+        while k < len(pieces) - 1 and timed * MEASURED_SHARE < total:
+            timed += len(pieces[k])
+            k += 1
+        t0 = self._clock()
+        out += self._encode_routed(pieces[1:k], False)
+        elapsed = self._clock() - t0
+        left = total - len(pieces[0]) - timed
+        if elapsed * left / max(timed, 1) * (threads - 1) / threads < AUTO_SPLIT_SECONDS:
+            return out + self._encode_routed(pieces[k:], False)
+        return out + self._encode_runs(_even_runs(list(enumerate(pieces[k:])), threads))
 
     def _encode_routed(self, pieces: list[str], parallel: bool, batch: bool = False
                        ) -> list[list]:
@@ -422,12 +480,14 @@ class PieceEncoder:
         take off the largest's thread)."""
         return not self.auto_threads or (chars - largest) * weight >= AUTO_SPLIT_SAVING
 
-    def split_threads(self, pieces: list[str]) -> int:
-        """The threads :meth:`encode_texts` shares these pieces (a text's chunks) among: the
-        decision it makes, for ``explain``."""
+    def split_threads(self, pieces: list[str]) -> tuple[int, bool]:
+        """The threads :meth:`encode_texts` shares these pieces (a text's chunks) among, and
+        whether that is at most (the time the first chunks take decides: AUTO_SPLIT_SECONDS):
+        the decision it makes, for ``explain``."""
         if self.main.encoder is self.reference:
-            return min(self.threads, len(pieces))
-        return max(1, len(self._groups(list(enumerate(pieces)), True)))
+            return min(self.threads, len(pieces)), False
+        n = max(1, len(self._groups(list(enumerate(pieces)), True)))
+        return n, n > 1 and self._measures_split(pieces, n)
 
     def _groups(self, items: list, fast: bool, one: bool = False) -> list[list]:
         """Split (slot, text) items into groups of about equal length, one encoder call each:
@@ -443,12 +503,7 @@ class PieceEncoder:
             n = min(n, self.useful_threads(total, weight))
         if n == 1:
             return [items]
-        groups: list[list] = [[] for _ in range(n)]
-        share, size = total / n, 0
-        for item in items:  # by the item's middle: contiguous runs, each group's text in order
-            groups[min(n - 1, int((size + len(item[1]) / 2) // share))].append(item)
-            size += len(item[1])
-        groups = [grp for grp in groups if grp]
+        groups = _even_runs(items, n, total)
         # uneven items (a piece's two stretches around a guard character, one of them short)
         # make uneven groups: the split must pay as they are, not as an even one would
         largest = max(sum(len(t) for _, t in grp) for grp in groups)

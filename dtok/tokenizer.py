@@ -264,7 +264,10 @@ class Tokenizer:
             return {**info, "route": "whole", "why": why}
         routes = info["chunk_routes"]
         n_ref = sum(r != "fast" for r in routes)
-        why = f"{len(routes)} chunks on {self.pieces.split_threads(chunks)} thread(s)"
+        threads, measured = self.pieces.split_threads(chunks)
+        why = f"{len(routes)} chunks on {'up to ' if measured else ''}{threads} thread(s)"
+        if measured:
+            why += " (as the time of the first chunks' encode says)"
         if self.encoder is not self.pieces.reference:
             why += f", {n_ref} of them with stretches on the reference"
         return {**info, "route": "chunked", "why": why}

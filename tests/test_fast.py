@@ -687,12 +687,49 @@ def test_default_threads_share_a_text_only_where_the_split_pays(monkeypatch):
     assert "on 2 thread(s)" in auto.explain(large)["why"]
     # multilingual text whose first chunk is Latin text: the whole text's work decides
     many = prose[:70_000] + (multi * (1 + 1_000_000 // len(multi)))[:930_000]
-    assert "on 2 thread(s)" in auto.explain(many)["why"]
+    assert "on up to 2 thread(s)" in auto.explain(many)["why"]  # the first chunks' time decides
     assert "on 1 thread(s)" in auto.explain(many[-300_000:])["why"]
     assert "on 2 thread(s)" in two.explain(many[-300_000:])["why"]
     for text in (small, large, many[-300_000:]):
         want = ref_ids(base, text)
         assert list(auto.encode(text)) == want and list(two.encode(text)) == want
+
+
+def test_default_threads_share_chunks_out_only_where_the_first_ones_take_long(monkeypatch):
+    """A text cut into many chunks, which the characters say to share out, goes on two threads
+    with the threads left to dtok only where the encode of its first chunks (the first untimed,
+    the next eighth timed) says the rest would save AUTO_SPLIT_SECONDS; an explicit ``threads``
+    splits whatever the time. The clock is the test seam the decision reads. The IDs are the
+    reference's either way."""
+    import threading
+
+    from dtok import pieces
+
+    monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
+    base = fast_tok("llama3", content_lookup=False)
+    auto, two = base.with_knobs(threads=None), base.with_knobs(threads=2)
+    multi = read_text("multilingual", "udhr_all-languages_concatenated.txt")
+    text = (multi * (1 + 1_000_000 // len(multi)))[:1_000_000]
+    assert "chunks on up to 2 thread(s)" in auto.explain(text)["why"]
+    assert "chunks on 2 thread(s)" in two.explain(text)["why"]
+    want = ref_ids(base, text)
+    # the seconds the timed eighth takes: 0.1 ms says the rest (6.5x its characters) would
+    # take ~0.7 ms, half of it off this thread (the bar: 5 ms); 10 ms says ~65 ms
+    for tok, step, threads_used in ((auto, 0.0001, 1), (auto, 0.010, 2), (two, 0.0001, 2)):
+        seen = set()  # the threads the fast encoder was called on
+        encoder = tok.pieces.main.encoder
+        many = encoder.encode_many
+        ticks = iter(range(1_000_000))
+
+        def recording(texts, many=many, seen=seen):
+            seen.add(threading.current_thread().name)
+            return many(texts)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(encoder, "encode_many", recording)
+            patch.setattr(tok.pieces, "_clock", lambda: next(ticks) * step)
+            assert list(tok.encode(text)) == want
+        assert len(seen) == threads_used, (step, seen)
 
 
 def test_default_threads_do_not_split_a_piece_unevenly(monkeypatch):
