@@ -19,7 +19,8 @@ Each (tokenizer, mode) runs in a fresh process with FASTOKENS_BPE_THREADS=1 (unl
   compared with the reference's and its wrong outputs printed (``# WRONG``);
 * ``2 threads``, ``2 threads+others``: dtok with its default threads (2 here; since
   2026-12-02 a text is shared out only where the split pays, docs/knobs.md#threads), against
-  the same single-threaded peers.
+  the same single-threaded peers and dtok's own ``threads=1`` (a tokenizer of its own load,
+  in the same rotation: ``dtok/dtok threads=1``).
 
 For every kind of text (prose, code, multilingual, adversarial: the adversarial corpus files
 concatenated) distinct documents (whole periods of a balanced rotation, at least
@@ -184,6 +185,15 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
     ref = tok.reference
     others = peers(SHARED / "tokenizers" / name, with_others, name)
     encoders = {"dtok": lambda d: tok.encode(d, add_special_tokens=False), **others}
+    if threads is None:  # the default threads next to dtok's own one-thread path, same rotation
+        # its own load, as every encoder here has its own instance: a second tokenizer made
+        # by with_knobs shares the fast encoder, and whichever of the two met a document
+        # second took 0.46-0.6x the time (measured)
+        one = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name, content_lookup=False,
+                                       threads=1)
+        encoders = {"dtok": encoders["dtok"], "fastokens": encoders["fastokens"],
+                    "dtok threads=1": lambda d: one.encode(d, add_special_tokens=False),
+                    **{k: v for k, v in others.items() if k != "fastokens"}}
     # Warm every encoder's word cache on other text first (a serving process is warm).
     for kind in KINDS:
         warm = documents(kind, 300_000, 7)[-1]
@@ -231,7 +241,7 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
                     if isinstance(got, BaseException):
                         wrong[label].append((i, -1, f"raised {got!r}"[:120]))
                         continue
-                    ids = list(got) if label == "dtok" else AS_LIST[label](got)
+                    ids = list(got) if label.startswith("dtok") else AS_LIST[label](got)
                     if ids != want:
                         first = next((k for k, (a, b) in enumerate(zip(ids, want)) if a != b),
                                      min(len(ids), len(want)))
