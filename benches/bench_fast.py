@@ -194,6 +194,7 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
         encoders = {"dtok": encoders["dtok"], "fastokens": encoders["fastokens"],
                     "dtok threads=1": lambda d: one.encode(d, add_special_tokens=False),
                     **{k: v for k, v in others.items() if k != "fastokens"}}
+    tokenizers = [tok] if threads else [tok, one]
     # Warm every encoder's word cache on other text first (a serving process is warm).
     for kind in KINDS:
         warm = documents(kind, 300_000, 7)[-1]
@@ -207,13 +208,18 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
     for size in sizes:
         for kind in KINDS:
             docs = documents(kind, size, n_docs + 1)
-            # a spare document of the timed size first, twice: a fastokens thread's first
-            # input longer than any before it grows its scratch memory (+20 ms at 1M
-            # characters, once per thread: a serving process has paid it), and dtok's pool
-            # thread meets its first long piece only when a text is shared out
+            # a spare document of twice the timed size first: a fastokens thread's first call
+            # larger than any before it grows its scratch (~10 ms at 500K-1M characters, once
+            # per thread and size: a serving process has paid it), and a cell of four
+            # documents counted that growth whenever one of them was larger in that measure
+            # than the warm-up
+            spare = documents(kind, 2 * size, 1)[0]
             for fn in encoders.values():
-                for _ in range(2):
-                    outcome(fn, (docs[-1] + " ")[:-1])  # one that raises is reported when timed
+                outcome(fn, (spare + " ")[:-1])  # one that raises is reported when timed
+            # and every thread of dtok's: a batch of the spare's 64K pieces is shared out
+            # among the threads by the characters alone
+            for t in tokenizers:
+                t.encode_batch([spare[i:i + 65536] for i in range(0, len(spare), 65536)])
             wants = [ref.encode((doc + " ")[:-1], add_special_tokens=False).ids
                      for doc in docs[:-1]]
             wall = {k: [] for k in encoders}
