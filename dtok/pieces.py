@@ -65,8 +65,9 @@ REFERENCE_WEIGHT = 100
 # time says the split saves AUTO_SPLIT_SECONDS (AUTO_SPLIT_SAVING in seconds: 1M characters
 # of prose took fastokens 4-5 ms cold); else it stays on this thread. Other text's cost varies
 # too much for the two classes above: 1M characters of adversarial text cost fastokens 4-6 ms
-# (Llama-3.1, DeepSeek-V3, gpt-oss), multilingual 15-23, and adversarial text split in two on
-# the 2-vCPU guest took 1.4-1.9x the time of one thread, spaced out or back to back.
+# (Llama-3.1, DeepSeek-V3, gpt-oss), multilingual 10-13 (Qwen3 ~18), all "other" text to the
+# character rule. On the 2-vCPU guest a split of 1M characters of other text paid only on
+# Qwen3's multilingual text (docs/benchmarks.md#default-threads).
 AUTO_SPLIT_SECONDS = 0.005
 MEASURED_SHARE = 8
 MEASURED_MIN_CHUNKS = 4
