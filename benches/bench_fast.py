@@ -185,6 +185,7 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
     ref = tok.reference
     others = peers(SHARED / "tokenizers" / name, with_others, name)
     encoders = {"dtok": lambda d: tok.encode(d, add_special_tokens=False), **others}
+    tokenizers = [tok]  # dtok's, each warmed on every thread it has
     if threads is None:  # the default threads next to dtok's own one-thread path, same rotation
         # its own load, as every encoder here has its own instance: a second tokenizer made
         # by with_knobs shares the fast encoder, and whichever of the two met a document
@@ -194,7 +195,7 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
         encoders = {"dtok": encoders["dtok"], "fastokens": encoders["fastokens"],
                     "dtok threads=1": lambda d: one.encode(d, add_special_tokens=False),
                     **{k: v for k, v in others.items() if k != "fastokens"}}
-    tokenizers = [tok] if threads else [tok, one]
+        tokenizers.append(one)
     # Warm every encoder's word cache on other text first (a serving process is warm).
     for kind in KINDS:
         warm = documents(kind, 300_000, 7)[-1]

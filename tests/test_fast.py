@@ -695,14 +695,29 @@ def test_default_threads_share_a_text_only_where_the_split_pays(monkeypatch):
         assert list(auto.encode(text)) == want and list(two.encode(text)) == want
 
 
+def encode_recording_threads(monkeypatch, tok: dtok.Tokenizer, text: str
+                             ) -> tuple[list[int], list[str]]:
+    """``tok.encode(text)`` as a list, and the thread each fast-encoder call was made on."""
+    seen: list[str] = []
+    encoder = tok.pieces.main.encoder
+    many = encoder.encode_many
+
+    def recording(texts):
+        seen.append(threading.current_thread().name)
+        return many(texts)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(encoder, "encode_many", recording)
+        ids = list(tok.encode(text))
+    return ids, seen
+
+
 def test_default_threads_share_chunks_out_only_where_the_first_ones_take_long(monkeypatch):
     """A text cut into many chunks, which the characters say to share out, goes on two threads
     with the threads left to dtok only where the encode of its first chunks (the first untimed,
     the next eighth timed) says the rest would save AUTO_SPLIT_SECONDS; an explicit ``threads``
     splits whatever the time. The clock is the test seam the decision reads. The IDs are the
     reference's either way."""
-    import threading
-
     from dtok import pieces
 
     monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
@@ -716,20 +731,12 @@ def test_default_threads_share_chunks_out_only_where_the_first_ones_take_long(mo
     # the seconds the timed eighth takes: 0.1 ms says the rest (6.5x its characters) would
     # take ~0.7 ms, half of it off this thread (the bar: 5 ms); 10 ms says ~65 ms
     for tok, step, threads_used in ((auto, 0.0001, 1), (auto, 0.010, 2), (two, 0.0001, 2)):
-        seen = set()  # the threads the fast encoder was called on
-        encoder = tok.pieces.main.encoder
-        many = encoder.encode_many
         ticks = iter(range(1_000_000))
-
-        def recording(texts, many=many, seen=seen):
-            seen.add(threading.current_thread().name)
-            return many(texts)
-
         with monkeypatch.context() as patch:
-            patch.setattr(encoder, "encode_many", recording)
             patch.setattr(tok.pieces, "_clock", lambda: next(ticks) * step)
-            assert list(tok.encode(text)) == want
-        assert len(seen) == threads_used, (step, seen)
+            ids, seen = encode_recording_threads(monkeypatch, tok, text)
+        assert ids == want
+        assert len(set(seen)) == threads_used, (step, seen)
 
 
 def test_default_threads_do_not_split_a_piece_unevenly(monkeypatch):
@@ -739,8 +746,6 @@ def test_default_threads_do_not_split_a_piece_unevenly(monkeypatch):
     short stretch here is multilingual, so the stretches' sample says "other" (three times the
     work of Latin text): an even split would pay, this one does not. An explicit ``threads``
     still splits. The IDs are the reference's either way."""
-    import threading
-
     from dtok import pieces
 
     monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
@@ -754,15 +759,6 @@ def test_default_threads_do_not_split_a_piece_unevenly(monkeypatch):
     text = other[:300] + "\u0378" + other[300:] + prose[:1_000_000]  # U+0378: unassigned, a guard
     assert pieces.text_class(text) == "latin" and auto.explain(text)["route"] == "whole"
     for tok, calls in ((auto, 1), (two, 2)):  # fast-encoder calls: one per thread used
-        seen = []  # the thread of each call
-        encoder = tok.pieces.main.encoder
-        many = encoder.encode_many
-
-        def recording(texts, many=many, seen=seen):
-            seen.append(threading.current_thread().name)
-            return many(texts)
-
-        with monkeypatch.context() as patch:
-            patch.setattr(encoder, "encode_many", recording)
-            assert list(tok.encode(text)) == ref_ids(base, text)
+        ids, seen = encode_recording_threads(monkeypatch, tok, text)
+        assert ids == ref_ids(base, text)
         assert len(seen) == calls, seen
