@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import weakref
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -58,19 +57,14 @@ AUTO_SPLIT_SAVING = 1_250_000
 # (1M characters: 11-17 ms against ~4); the reference ~100x (~0.5 us a character).
 TEXT_WEIGHT = {"latin": 1, "other": 3}
 REFERENCE_WEIGHT = 100
-# Text the stateless route cut into many chunks (at least MEASURED_MIN_CHUNKS per thread) is
-# shared out by the rule above only where the encode of its first chunks confirms it: the
-# first chunk is encoded untimed (the first call after an idle spell runs cold), the next
-# 1/MEASURED_SHARE of the text timed, and the rest goes on several threads only where that
-# time says the split saves AUTO_SPLIT_SECONDS (AUTO_SPLIT_SAVING in seconds: 1M characters
-# of prose took fastokens 4-5 ms cold); else it stays on this thread. Other text's cost varies
-# too much for the two classes above: 1M characters of adversarial text cost fastokens 4-6 ms
-# (Llama-3.1, DeepSeek-V3, gpt-oss), multilingual 10-13 (Qwen3 ~18), all "other" text to the
-# character rule. On the 2-vCPU guest a split of 1M characters of other text paid only on
-# Qwen3's multilingual text (docs/benchmarks.md#default-threads).
-AUTO_SPLIT_SECONDS = 0.005
-MEASURED_SHARE = 8
-MEASURED_MIN_CHUNKS = 4
+# Text the stateless route cut into many chunks (at least SHARED_MIN_CHUNKS per thread) is
+# shared out as the threads come free (PieceEncoder._encode_shared), with the threads left to
+# dtok: on the 2-vCPU guest a fixed split of 1M characters of other text lost where the second
+# thread ran late after an idle spell (1.09-1.35x one thread's time spaced out on three files,
+# and a decision timed on the first chunks was tripped by their cold start), while taking
+# pieces as threads come free was at 0.67-0.98x on multilingual text and 1.00-1.06 on
+# adversarial text (docs/benchmarks.md#default-threads).
+SHARED_MIN_CHUNKS = 4
 
 
 def text_class(piece: str) -> str:
@@ -156,7 +150,6 @@ class PieceEncoder:
             if loaded.literal is not None else ()
         self._check_literal = True  # private hook of the control (tests/test_literal_specials.py)
         self._check_long = True  # private hook of the memory test's control (tests/test_memory.py)
-        self._clock = time.perf_counter  # test seam: what the measured split reads
         self._pieces = {"fast": 0, "reference": 0, "second": 0}
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
@@ -179,11 +172,43 @@ class PieceEncoder:
                 return [[ids] for ids in self.reference.encode_many(pieces)]
             return [[ids] for ids in self._map(self.reference.encode, pieces)]
         runs = [] if batch or len(pieces) == 1 else self._groups(list(enumerate(pieces)), True)
-        if len(runs) > 1 and self._measures_split(pieces, len(runs)):
-            return self._encode_measured(pieces, len(runs))
+        if len(runs) > 1 and self._shares_as_free(pieces, len(runs)):
+            return self._encode_shared(pieces, len(runs))
         if len(runs) > 1:
             return self._encode_runs(runs)
         return self._encode_routed(pieces, True, batch)
+
+    def _encode_shared(self, pieces: list[str], threads: int) -> list[list]:
+        """:meth:`encode_texts` of many pieces on up to ``threads`` threads, shared out as the
+        threads come free: this thread takes the next few pieces at a time (a share of what is
+        left that shrinks as the work runs out), each pool thread the next one. A pool thread
+        that gets no CPU in time takes nothing, and this thread encodes them all as one thread
+        would, never waiting for a helper that did not start; one that starts late holds at
+        most one piece when this thread runs out."""
+        out: list = [None] * len(pieces)
+        taken = [0]  # pieces handed out so far
+        lock = threading.Lock()
+
+        def take(share: int) -> None:
+            while True:
+                with lock:
+                    i = taken[0]
+                    k = min(len(pieces) - i, -(-(len(pieces) - i) // share))
+                    if k <= 0:
+                        return
+                    taken[0] = i + k
+                out[i:i + k] = self._encode_routed(pieces[i:i + k], False)
+
+        helpers = [self._pool().submit(take, len(pieces)) for _ in range(threads - 1)]
+        try:
+            take(2 * threads)
+        finally:
+            with lock:
+                taken[0] = len(pieces)  # after an error here, the helpers take nothing more
+            for helper in helpers:
+                if not helper.cancel():  # started: it may hold a piece
+                    helper.result()
+        return out
 
     def _encode_runs(self, runs: list[list]) -> list[list]:
         """:meth:`encode_texts` of runs of (slot, piece) items, each run routed and encoded on a
@@ -192,29 +217,11 @@ class PieceEncoder:
             [partial(self._encode_routed, [p for _, p in run], False) for run in runs])
             for out in outs]
 
-    def _measures_split(self, pieces: list[str], threads: int) -> bool:
-        """Whether a split of these pieces among ``threads`` waits for the time their first
-        chunks take (:meth:`_encode_measured`): with the threads left to dtok, for many chunks."""
-        return self.auto_threads and len(pieces) >= MEASURED_MIN_CHUNKS * threads
-
-    def _encode_measured(self, pieces: list[str], threads: int) -> list[list]:
-        """:meth:`encode_texts` of many pieces that the characters say to share out among
-        ``threads``: the first piece here untimed, the next 1/MEASURED_SHARE of the text here
-        timed, then the rest shared out only where that time says the split saves
-        AUTO_SPLIT_SECONDS (the work off this thread), else encoded here too."""
-        total = sum(map(len, pieces))
-        out = self._encode_routed(pieces[:1], False)
-        k, timed = 1, 0
-        while k < len(pieces) - 1 and timed * MEASURED_SHARE < total:
-            timed += len(pieces[k])
-            k += 1
-        t0 = self._clock()
-        out += self._encode_routed(pieces[1:k], False)
-        elapsed = self._clock() - t0
-        left = total - len(pieces[0]) - timed
-        if elapsed * left / max(timed, 1) * (threads - 1) / threads < AUTO_SPLIT_SECONDS:
-            return out + self._encode_routed(pieces[k:], False)
-        return out + self._encode_runs(_even_runs(list(enumerate(pieces[k:])), threads))
+    def _shares_as_free(self, pieces: list[str], threads: int) -> bool:
+        """Whether these pieces, which the characters say to split among ``threads``, are shared
+        out as the threads come free (:meth:`_encode_shared`): with the threads left to dtok,
+        for many pieces; an explicit ``threads`` gets contiguous runs, one a thread."""
+        return self.auto_threads and len(pieces) >= SHARED_MIN_CHUNKS * threads
 
     def _encode_routed(self, pieces: list[str], parallel: bool, batch: bool = False
                        ) -> list[list]:
@@ -316,6 +323,11 @@ class PieceEncoder:
         return ids_from_list(ref.encode(text, add_special_tokens=add_special_tokens).ids)
 
     # --- routing --------------------------------------------------------------------------
+
+    def work(self, chars: int) -> int:
+        """Encoding ``chars`` characters, in characters of a fast encoder's work (the
+        reference's count REFERENCE_WEIGHT each): what an answer's budget is counted in."""
+        return chars * REFERENCE_WEIGHT if self.main.encoder is self.reference else chars
 
     def chunk_target(self, text: str) -> int:
         """The chunk length the stateless route aims at for ``text``: one piece per encoding
@@ -483,12 +495,12 @@ class PieceEncoder:
 
     def split_threads(self, pieces: list[str]) -> tuple[int, bool]:
         """The threads :meth:`encode_texts` shares these pieces (a text's chunks) among, and
-        whether that is at most (the time the first chunks take decides: AUTO_SPLIT_SECONDS):
-        the decision it makes, for ``explain``."""
+        whether as they come free (then at most that many): the decision it makes, for
+        ``explain``."""
         if self.main.encoder is self.reference:
             return min(self.threads, len(pieces)), False
         n = max(1, len(self._groups(list(enumerate(pieces)), True)))
-        return n, n > 1 and self._measures_split(pieces, n)
+        return n, n > 1 and self._shares_as_free(pieces, n)
 
     def _groups(self, items: list, fast: bool, one: bool = False) -> list[list]:
         """Split (slot, text) items into groups of about equal length, one encoder call each:

@@ -151,6 +151,11 @@ class Plan:
         return all(isinstance(op, Fresh) for op in self.ops[1:]) and bool(self.ops) \
             and isinstance(self.ops[0], Reuse) and self.ops[0].old_start == 0
 
+    @property
+    def encode_chars(self) -> int:
+        """Characters the plan encodes (fresh text and the old text re-encoded at seams)."""
+        return sum(map(len, self.texts))
+
     def describe(self) -> dict:
         """Seams, reused stretches and fresh characters, for ``explain``."""
         reused = [(op.new_start, op.new_end, op.old_start, op.old_end) for op in self.reused]
@@ -387,10 +392,14 @@ class Planner:
         self.knobs = knobs
         self._chunk_cuts = chunk_cuts  # the stateless route's cuts: a first encode's chunks
 
-    def plan(self, old: str | None, anchors: Anchors | None, text: str) -> Plan:
+    def plan(self, old: str | None, anchors: Anchors | None, text: str,
+             edit_budget: int | None = None) -> Plan:
         """The plan that brings ``old`` (with its ``anchors``; None: nothing stored) to
-        ``text``."""
-        return plan_text(self.rules, old, anchors, text, self.knobs, self._chunk_cuts)
+        ``text``; ``edit_budget`` caps the alignment work below the knob's (a plan that finds
+        less to reuse is as exact, only longer to execute)."""
+        knobs = self.knobs if edit_budget is None or edit_budget >= self.knobs.edit_budget \
+            else self.knobs._replace(edit_budget=edit_budget)
+        return plan_text(self.rules, old, anchors, text, knobs, self._chunk_cuts)
 
     def anchors_after(self, plan: Plan, resolved: Sequence[tuple[int, int]],
                       counts: Sequence[int], old: Anchors | None) -> Anchors:

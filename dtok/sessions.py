@@ -48,6 +48,10 @@ if TYPE_CHECKING:
     from dtok.pieces import PieceEncoder
 
 LOOKUP_MIN_CHARS = 4096  # shorter texts cost less to encode than to look up
+# A request with a budget (``max_chars``) plans with at most this many characters of alignment
+# work per character of its budget: comparing texts costs far less a character than encoding
+# them, and a plan that stops early is as exact (it only reuses less)
+ALIGNMENT_PER_BUDGET_CHAR = 16
 LOOKUP_DENSE_UNTIL = 1 << 16  # checkpoints double up to here, then repeat at this spacing
 
 
@@ -321,37 +325,48 @@ class SessionStore:
     # --- requests -------------------------------------------------------------------------
 
     def encode_keyed(self, text: str, key: Hashable, add_special_tokens: bool,
-                     as_list: bool = False) -> memoryview | list:
+                     as_list: bool = False, max_chars: int | None = None
+                     ) -> memoryview | list | None:
         """The IDs of ``text`` continued from the session ``key`` (a view, or with ``as_list`` a
-        list kept up to date in O(changed IDs): :class:`~dtok_ext.buffers.IdList`)."""
+        list kept up to date in O(changed IDs): :class:`~dtok_ext.buffers.IdList`).
+        ``max_chars``: only if that costs at most this much encoding (:meth:`PieceEncoder.work`)
+        and the session is not busy with another request; else None, and nothing changed."""
         with self._lock:
             entry = self._keyed.get(key)
             if entry is None:
+                if max_chars is not None and self._pieces.work(len(text)) > max_chars:
+                    return None  # a first turn: the whole text to encode
                 entry = Entry(key)
                 self._keyed[key] = entry
                 self._lru[entry] = None
-        with entry.lock:
-            try:
-                self._serve(entry, text)
-                return self._result(entry, add_special_tokens, as_list)
-            finally:
-                with self._lock:
-                    self._account(entry)
+        if not entry.lock.acquire(blocking=max_chars is None):
+            return None
+        try:
+            if self._serve(entry, text, max_chars=max_chars) is None:
+                return None
+            return self._result(entry, add_special_tokens, as_list)
+        finally:
+            entry.lock.release()
+            with self._lock:
+                self._account(entry)
 
     def encode_lookup(self, text: str, add_special_tokens: bool, as_list: bool = False,
-                      scope: Hashable | None = None) -> memoryview | list:
+                      scope: Hashable | None = None, max_chars: int | None = None
+                      ) -> memoryview | list | None:
         """Content lookup for a text of at least LOOKUP_MIN_CHARS characters: continue from the
         stored text of the same ``scope`` sharing the longest prefix, which the result replaces
-        when it reused most of it."""
+        when it reused most of it. ``max_chars``: as for :meth:`encode_keyed`."""
         with self._lock:
             found, keys = self._index.find(text, scope)
-        self._count("lookups")
         entry = Entry(None)
         if found is not None:
-            with found.lock:
+            if not found.lock.acquire(blocking=max_chars is None):
+                return None
+            try:
                 if found.text is not None and not found.evicted:
                     if found.text == text:
                         with self._lock:
+                            self._counts["lookups"] += 1
                             self._counts["lookup_hits"] += 1
                             self._counts["hits"] += 1
                             if not found.evicted:
@@ -359,14 +374,21 @@ class SessionStore:
                         found.unchanged = len(found.buf)
                         return self._result(found, add_special_tokens, as_list)
                     entry.text, entry.buf, entry.anchors = found.text, found.buf, found.anchors
-                    reused = self._serve(entry, text, borrowed=True)
+                    reused = self._serve(entry, text, borrowed=True, max_chars=max_chars)
+                    if reused is None:
+                        return None
+                    self._count("lookups")
                     replace = is_continuation(reused, len(found.text))
                     if replace:
                         entry.lists = found.lists
                     result = self._result(entry, add_special_tokens, as_list)
                     self._publish(entry, keys, found, reused, replace)
                     return result
-        self._serve(entry, text)
+            finally:
+                found.lock.release()
+        if self._serve(entry, text, max_chars=max_chars) is None:
+            return None
+        self._count("lookups")
         result = self._result(entry, add_special_tokens, as_list)
         self._publish(entry, keys)
         return result
@@ -403,12 +425,22 @@ class SessionStore:
 
     # --- the work -------------------------------------------------------------------------
 
-    def _serve(self, entry: Entry, text: str, borrowed: bool = False) -> int:
+    def _serve(self, entry: Entry, text: str, borrowed: bool = False,
+               max_chars: int | None = None) -> int | None:
         """Bring the entry to `text` (caller holds its lock); returns how many characters of the
         stored text were reused. ``borrowed``: the entry's buffer belongs to a content-lookup
         entry that this one replaces only if it reuses most of it; otherwise the buffer is never
-        spliced in place (the stored entry keeps its IDs)."""
-        plan = self.planner.plan(entry.text, entry.anchors, text)
+        spliced in place (the stored entry keeps its IDs). ``max_chars``: None, and the entry
+        untouched, where the plan would encode more than that (:meth:`PieceEncoder.work`)."""
+        if max_chars is None:
+            plan = self.planner.plan(entry.text, entry.anchors, text)
+        elif entry.text is None and self._pieces.work(len(text)) > max_chars:
+            return None  # nothing stored: the whole text to encode (not even planned)
+        else:
+            plan = self.planner.plan(entry.text, entry.anchors, text,
+                                     edit_budget=max_chars * ALIGNMENT_PER_BUDGET_CHAR)
+            if self._pieces.work(plan.encode_chars) > max_chars:
+                return None
         kind = {"hit": "hits", "append": "repairs", "edit": "edits",
                 "encode": "full_encodes"}[plan.kind]
         reused = len(text) if plan.kind == "hit" else plan.describe()["reused_chars"]

@@ -172,15 +172,43 @@ class Tokenizer:
         """
         return self._encode(text, session, add_special_tokens, True, scope)
 
-    def _encode(self, text, session, add_special_tokens, as_list, scope=None):
+    def try_encode_list(self, text: str, *, max_chars: int, session: Hashable | None = None,
+                        add_special_tokens: bool = True, scope: Hashable | None = None
+                        ) -> list[int] | None:
+        """:meth:`encode_list` where the answer costs at most ``max_chars`` characters of
+        encoding (a fast encoder's characters; the reference's count a hundred each) and waits
+        for nobody (a session busy with another request); else None, and nothing changed. For
+        an event loop: a session's next turn re-encodes a short tail and is answered at once,
+        where a long first turn is left to a thread (:meth:`encode_list` there).
+
+        >>> tok = Tokenizer.default()
+        >>> turn = "<|im_start|>user\\n" + "Tell me about tokenizers. " * 400
+        >>> tok.try_encode_list(turn, max_chars=4096, session="s") is None  # 10K chars to encode
+        True
+        >>> first = tok.encode_list(turn, session="s")
+        >>> ids = tok.try_encode_list(turn + "More.", max_chars=4096, session="s")
+        >>> ids == tok.reference.encode(turn + "More.").ids, tok.sessions.stats()["repairs"]
+        (True, 1)
+        """
+        return self._encode(text, session, add_special_tokens, True, scope, max_chars)
+
+    def _encode(self, text, session, add_special_tokens, as_list, scope=None, max_chars=None):
+        """:meth:`encode` (``as_list``: :meth:`encode_list`); ``max_chars``: see
+        :meth:`try_encode_list`."""
         if type(text) is not str or type(add_special_tokens) is not bool or self.rules is None:
+            if max_chars is not None:
+                return None  # the reference decides (and raises what it raises) in the caller's
+                # ordinary route
             view = memoryview(self.pieces.encode_by_reference(text, add_special_tokens))
             return view.tolist() if as_list else view
         if session is not None:
             return self.sessions.encode_keyed(text, scoped_key(session, scope),
-                                              add_special_tokens, as_list)
+                                              add_special_tokens, as_list, max_chars)
         if self.sessions.content_lookup and len(text) >= LOOKUP_MIN_CHARS:
-            return self.sessions.encode_lookup(text, add_special_tokens, as_list, scope)
+            return self.sessions.encode_lookup(text, add_special_tokens, as_list, scope,
+                                               max_chars)
+        if max_chars is not None and self.pieces.work(len(text)) > max_chars:
+            return None
         view = self.pieces.encode_view(text, add_special_tokens)
         return view.tolist() if as_list else view
 
@@ -264,10 +292,10 @@ class Tokenizer:
             return {**info, "route": "whole", "why": why}
         routes = info["chunk_routes"]
         n_ref = sum(r != "fast" for r in routes)
-        threads, measured = self.pieces.split_threads(chunks)
-        why = f"{len(routes)} chunks on {'up to ' if measured else ''}{threads} thread(s)"
-        if measured:
-            why += " (as the time of the first chunks' encode says)"
+        threads, as_free = self.pieces.split_threads(chunks)
+        why = f"{len(routes)} chunks on {'up to ' if as_free else ''}{threads} thread(s)"
+        if as_free:
+            why += " (shared out as the threads come free)"
         if self.encoder is not self.pieces.reference:
             why += f", {n_ref} of them with stretches on the reference"
         return {**info, "route": "chunked", "why": why}

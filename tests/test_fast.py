@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -687,7 +688,7 @@ def test_default_threads_share_a_text_only_where_the_split_pays(monkeypatch):
     assert "on 2 thread(s)" in auto.explain(large)["why"]
     # multilingual text whose first chunk is Latin text: the whole text's work decides
     many = prose[:70_000] + (multi * (1 + 1_000_000 // len(multi)))[:930_000]
-    assert "on up to 2 thread(s)" in auto.explain(many)["why"]  # the first chunks' time decides
+    assert "on up to 2 thread(s)" in auto.explain(many)["why"]  # shared out as they come free
     assert "on 1 thread(s)" in auto.explain(many[-300_000:])["why"]
     assert "on 2 thread(s)" in two.explain(many[-300_000:])["why"]
     for text in (small, large, many[-300_000:]):
@@ -712,12 +713,14 @@ def encode_recording_threads(monkeypatch, tok: dtok.Tokenizer, text: str
     return ids, seen
 
 
-def test_default_threads_share_chunks_out_only_where_the_first_ones_take_long(monkeypatch):
-    """A text cut into many chunks, which the characters say to share out, goes on two threads
-    with the threads left to dtok only where the encode of its first chunks (the first untimed,
-    the next eighth timed) says the rest would save AUTO_SPLIT_SECONDS; an explicit ``threads``
-    splits whatever the time. The clock is the test seam the decision reads. The IDs are the
-    reference's either way."""
+def test_default_threads_share_chunks_out_as_the_threads_come_free(monkeypatch):
+    """A text cut into many chunks, which the characters say to share out, is shared out with
+    the threads left to dtok as the threads come free: a pool thread that runs takes chunks;
+    one that never gets to run takes none, and the calling thread encodes them all without
+    waiting for it. An explicit ``threads`` splits into contiguous runs, one a thread. The IDs
+    are the reference's each time."""
+    from concurrent.futures import Future
+
     from dtok import pieces
 
     monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
@@ -725,18 +728,34 @@ def test_default_threads_share_chunks_out_only_where_the_first_ones_take_long(mo
     auto, two = base.with_knobs(threads=None), base.with_knobs(threads=2)
     multi = read_text("multilingual", "udhr_all-languages_concatenated.txt")
     text = (multi * (1 + 1_000_000 // len(multi)))[:1_000_000]
-    assert "chunks on up to 2 thread(s)" in auto.explain(text)["why"]
-    assert "chunks on 2 thread(s)" in two.explain(text)["why"]
+    assert "16 chunks on up to 2 thread(s) (shared out" in auto.explain(text)["why"]
+    assert "16 chunks on 2 thread(s)," in two.explain(text)["why"]
     want = ref_ids(base, text)
-    # the seconds the timed eighth takes: 0.1 ms says the rest (6.5x its characters) would
-    # take ~0.7 ms, half of it off this thread (the bar: 5 ms); 10 ms says ~65 ms
-    for tok, step, threads_used in ((auto, 0.0001, 1), (auto, 0.010, 2), (two, 0.0001, 2)):
-        ticks = iter(range(1_000_000))
-        with monkeypatch.context() as patch:
-            patch.setattr(tok.pieces, "_clock", lambda: next(ticks) * step)
-            ids, seen = encode_recording_threads(monkeypatch, tok, text)
-        assert ids == want
-        assert len(set(seen)) == threads_used, (step, seen)
+
+    def slowly(encoder):  # each call waits 20 ms first: a pool thread surely starts meanwhile
+        many = encoder.encode_many
+        return lambda texts: (time.sleep(0.02), many(texts))[1]
+
+    class NeverRuns:  # a pool whose threads never get a CPU: nothing submitted starts
+        def submit(self, fn, *args):
+            return Future()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(auto.pieces.main.encoder, "encode_many", slowly(auto.pieces.main.encoder))
+        ids, seen = encode_recording_threads(monkeypatch, auto, text)
+    assert ids == want and len(set(seen)) == 2 and len(seen) > 2, seen
+    with monkeypatch.context() as patch:
+        patch.setattr(auto.pieces, "_pool", lambda: NeverRuns())
+        done: list = []
+        caller = threading.Thread(target=lambda: done.append(
+            encode_recording_threads(monkeypatch, auto, text)), name="caller", daemon=True)
+        caller.start()
+        caller.join(60)  # it must not wait for the helper that never started
+        assert done, "the calling thread waited for a pool thread that never ran"
+    ids, seen = done[0]
+    assert ids == want and set(seen) == {"caller"}, seen
+    ids, seen = encode_recording_threads(monkeypatch, two, text)
+    assert ids == want and len(seen) == 2 and len(set(seen)) == 2, seen
 
 
 def test_default_threads_do_not_split_a_piece_unevenly(monkeypatch):

@@ -361,3 +361,71 @@ def test_held_views_go_to_the_spare_buffer_and_never_change(seed):
         assert list(view) == snapshot
     # two buffers take turns (plus one per snapshot still alive, and a few that outgrew)
     assert len(buffers) <= 2 + len(snapshots) + 6, len(buffers)
+
+
+# --- answers within a budget (an event loop's) ------------------------------------------------
+
+
+def test_try_encode_list_answers_only_within_its_budget():
+    """``try_encode_list`` answers (the reference's IDs) where the answer encodes at most
+    ``max_chars`` characters, and otherwise returns None and changes nothing: no session made,
+    none advanced, nothing counted; the ordinary route then serves the request as before."""
+    tok = fresh("qwen3")
+    prose = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")
+    first, second = prose[:60_000], prose[:61_000]
+    assert tok.try_encode_list(first, max_chars=8192, session="a") is None  # 60K to encode
+    assert "a" not in tok.sessions and tok.sessions.stats()["full_encodes"] == 0
+    assert tok.encode_list(first, session="a") == ref_ids(tok, first)
+    def state() -> dict:  # "bytes" left out: it is recounted at each request, and the
+        # reference's encode in ref_ids above left the stored text's UTF-8 on it
+        entry = tok.sessions._keyed["a"]
+        return {**tok.sessions.stats(), "bytes": None, "text": entry.text, "buf": entry.buf}
+
+    before = state()
+    assert tok.try_encode_list(second, max_chars=64, session="a") is None  # ~1K + the seam's
+    assert state() == before
+    got = tok.try_encode_list(second, max_chars=8192, session="a")
+    assert got == ref_ids(tok, second) and tok.sessions.stats()["repairs"] == 1
+    assert tok.try_encode_list(second, max_chars=0, session="a") == got  # a hit encodes nothing
+    # unkeyed: content lookup continues a stored text within the budget, else None
+    other = prose[100_000:160_000]
+    assert tok.try_encode_list(other, max_chars=8192) is None
+    assert tok.sessions.stats()["lookups"] == 0
+    tok.encode_list(other)
+    assert tok.try_encode_list(other + "The end.", max_chars=8192) == ref_ids(
+        tok, other + "The end.")
+    assert tok.sessions.stats()["lookup_hits"] == 1
+    # short stateless text: its length is the work; without special tokens too
+    assert tok.try_encode_list("Hello, world!", max_chars=13, add_special_tokens=False) == \
+        ref_ids(tok, "Hello, world!", False)
+    assert tok.try_encode_list("Hello, world!", max_chars=12) is None
+    # what the reference must judge (not a str, a lone surrogate) is left to the ordinary route
+    assert tok.try_encode_list(b"bytes", max_chars=1 << 20) is None
+    with pytest.raises(Exception) as raised:
+        tok.try_encode_list("bad \ud800", max_chars=1 << 20)
+    with pytest.raises(type(raised.value)):
+        tok.reference.encode("bad \ud800")
+
+
+def test_try_encode_list_waits_for_no_one():
+    """A session busy with another request (its lock held) is not waited for: None, and the
+    session is served by the ordinary route once free."""
+    tok = fresh("llama3")
+    text = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:20_000]
+    tok.encode_list(text, session="busy")
+    entry = tok.sessions._keyed["busy"]
+    with entry.lock:  # another request in flight
+        assert tok.try_encode_list(text + " More.", max_chars=1 << 20, session="busy") is None
+    assert tok.try_encode_list(text + " More.", max_chars=1 << 20, session="busy") == ref_ids(
+        tok, text + " More.")
+
+
+def test_try_encode_list_counts_the_reference_as_slower():
+    """On the reference encoder a character costs REFERENCE_WEIGHT fast-encoder characters of
+    the budget (the reference takes ~100x the time)."""
+    from dtok.pieces import REFERENCE_WEIGHT
+
+    tok = fresh("qwen3", encoder="reference")
+    text = "Hello there. " * 100  # 1,300 characters
+    assert tok.try_encode_list(text, max_chars=len(text)) is None
+    assert tok.try_encode_list(text, max_chars=len(text) * REFERENCE_WEIGHT) == ref_ids(tok, text)
