@@ -11,6 +11,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import threading
 import types
 from pathlib import Path
 from types import SimpleNamespace
@@ -285,6 +286,47 @@ def test_hooks_route_prompts_through_dtok_exactly(monkeypatch):
     assert plugin.stats["truncated"] - before["truncated"] == 1
     assert plugin.stats["passed_through"] - before["passed_through"] == 1  # the offsets call
     assert plugin.dtok_for(tok).current().sessions.stats()["repairs"] >= 5
+
+
+def test_short_work_is_answered_on_the_event_loop(monkeypatch):
+    """In process, the async path answers on the event loop what encodes at most
+    DTOK_LOOP_CHARS characters (a session's next turn; no executor hop), and sends the rest
+    (a long first turn) to the executor; with the budget 0, everything goes to the executor.
+    Exact either way."""
+    BaseRenderer, Serving = _fake_vllm(monkeypatch)
+    plugin.install()
+    tok = hf("llama3")
+    serving = Serving(BaseRenderer(tok))
+    base = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:100_000]
+    wrapper = plugin.dtok_for(tok)
+    seen: list[str] = []  # the thread of each dtok answer
+    for name in ("encode_list", "try_encode_list"):
+        method = getattr(wrapper.current(), name)
+
+        def recording(*args, _method=method, **kwargs):
+            out = _method(*args, **kwargs)
+            if out is not None:
+                seen.append(threading.current_thread().name)
+            return out
+
+        monkeypatch.setattr(wrapper.current(), name, recording)
+
+    async def turns(session: str) -> list[str]:
+        seen.clear()
+        loop_thread = threading.current_thread().name
+        text = base
+        for i in range(4):
+            text += f" Turn {i}."
+            got = await serving.create_completion(*_request(text, session))
+            assert got["prompt_token_ids"] == tok(text)["input_ids"]
+        return ["loop" if name == loop_thread else "executor" for name in seen]
+
+    assert asyncio.run(turns("loop-1")) == ["executor", "loop", "loop", "loop"]
+    engine.configure(loop_chars=0)
+    try:
+        assert asyncio.run(turns("loop-2")) == ["executor"] * 4
+    finally:
+        engine.configure()
 
 
 def test_disabled_hook_passes_everything_through(monkeypatch):

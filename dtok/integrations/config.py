@@ -2,6 +2,8 @@
 
 :func:`configure` overrides the environment: ``DTOK_POOL_WORKERS`` (0: everything in
 process), ``DTOK_POOL_MIN_CHARS`` (default 16384: shorter stateless prompts stay in process),
+``DTOK_LOOP_CHARS`` (default 32768: in process, an engine that tokenizes in an executor gets
+answers that encode at most this many characters on its event loop instead; 0: never),
 ``DTOK_KNOBS`` (JSON: keyword arguments of :class:`dtok.Tokenizer`). A pool starts in a
 background thread (:class:`PoolSlot`); until it is ready, requests are encoded in process.
 """
@@ -15,24 +17,33 @@ from typing import Any
 
 log = logging.getLogger("dtok.integrations")
 
-__all__ = ["configure", "knobs", "pool_workers", "pool_min_chars", "POOL_DEFAULTS", "PoolSlot"]
+__all__ = ["configure", "knobs", "pool_workers", "pool_min_chars", "loop_chars",
+           "POOL_DEFAULTS", "PoolSlot"]
 
-_CONFIG: dict[str, Any] = {"workers": None, "min_chars": None, "options": None, "knobs": None}
+_CONFIG: dict[str, Any] = {"workers": None, "min_chars": None, "loop_chars": None,
+                           "options": None, "knobs": None}
+# An answer that encodes this many characters (a session's next turn: its new text and the
+# stretch back to a cut, a few thousand) costs ~0.1-0.3 ms on the fast encoder: less than the
+# executor's hop there and back, which waits for the GIL (up to its 5 ms switch interval) and
+# behind any long encode already in that thread.
+LOOP_CHARS = 32768
 
 
 def configure(*, pool_workers: int | None = None, pool_min_chars: int | None = None,
-              pool_options: dict[str, Any] | None = None,
+              loop_chars: int | None = None, pool_options: dict[str, Any] | None = None,
               knobs: dict[str, Any] | None = None) -> None:
     """Configure every hook in this process (overrides ``DTOK_POOL_WORKERS``,
-    ``DTOK_POOL_MIN_CHARS`` and ``DTOK_KNOBS``; None: the environment's value).
-    ``pool_workers=0`` keeps everything in process; ``pool_options`` go to :class:`dtok.Pool`;
-    ``knobs`` to :class:`dtok.Tokenizer` (e.g. ``{"session_bytes": 1 << 30}``) for tokenizers
-    built after this call."""
-    for name, value in (("workers", pool_workers), ("min_chars", pool_min_chars)):
+    ``DTOK_POOL_MIN_CHARS``, ``DTOK_LOOP_CHARS`` and ``DTOK_KNOBS``; None: the environment's
+    value). ``pool_workers=0`` keeps everything in process; ``loop_chars=0`` sends every
+    in-process encode of an executor-backed engine to its executor; ``pool_options`` go to
+    :class:`dtok.Pool`; ``knobs`` to :class:`dtok.Tokenizer` (e.g.
+    ``{"session_bytes": 1 << 30}``) for tokenizers built after this call."""
+    for name, value in (("pool_workers", pool_workers), ("pool_min_chars", pool_min_chars),
+                        ("loop_chars", loop_chars)):
         if value is not None and (type(value) is not int or value < 0):
-            raise ValueError(f"pool_{name} must be a non-negative int, got {value!r}")
-    _CONFIG.update(workers=pool_workers, min_chars=pool_min_chars, options=pool_options,
-                   knobs=knobs)
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    _CONFIG.update(workers=pool_workers, min_chars=pool_min_chars, loop_chars=loop_chars,
+                   options=pool_options, knobs=knobs)
 
 
 def knobs() -> dict[str, Any]:
@@ -66,6 +77,11 @@ def pool_workers() -> int:
 def pool_min_chars() -> int:
     return (_CONFIG["min_chars"] if _CONFIG["min_chars"] is not None
             else _env_int("DTOK_POOL_MIN_CHARS", 16384))
+
+
+def loop_chars() -> int:
+    return (_CONFIG["loop_chars"] if _CONFIG["loop_chars"] is not None
+            else _env_int("DTOK_LOOP_CHARS", LOOP_CHARS))
 
 
 # The open-loop testbed's best design (README, Benchmarks): the Pool's own shortest-first order

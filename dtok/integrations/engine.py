@@ -21,7 +21,8 @@ Pool (``DTOK_POOL_WORKERS=N`` in the server's environment, or :func:`configure`;
 same dtok tokenizer, awaited without blocking the event loop; shorter prompts stay in process.
 The pool starts in a background thread on first use (requests are encoded in process until it
 is ready); if it cannot start, everything stays in process and :meth:`EngineHook.pool_state`
-says why. Unkeyed prompts sent to the pool get its content lookup (a prompt sharing at least
+says why. An engine that tokenizes in an executor (vLLM) gets the in-process answers that
+encode at most ``DTOK_LOOP_CHARS`` characters on its event loop (:meth:`EngineHook.serve_async`). Unkeyed prompts sent to the pool get its content lookup (a prompt sharing at least
 half of a stored one continues it).
 
 ``DTOK_STATS_FILE=PATH`` (``{pid}`` expands to the process id): each hook's
@@ -372,21 +373,32 @@ class EngineHook:
         tok, pool = wrapper.current(), self.pool_route(wrapper, text, key)
         return self._encode_with(tok, tok if pool is None else pool, text, options, key)
 
-    def _encode_with(self, tok, owner, text, options, key) -> list[int] | None:
-        """Encode with ``owner``: the pool, or ``tok`` itself (in process)."""
-        self._count(key, owner is not tok)
+    def _encode_with(self, tok, owner, text, options, key, max_chars: int | None = None
+                     ) -> list[int] | None:
+        """Encode with ``owner``: the pool, or ``tok`` itself (in process); ``max_chars`` (in
+        process): only an answer that encodes at most that many characters
+        (:meth:`dtok.Tokenizer.try_encode_list`), else None."""
         session, scope = _parts(key)
-        return self._finish(tok, owner.encode_list(
-            text, session=session, scope=scope, add_special_tokens=options.add_special_tokens),
-            options)
+        if max_chars is None:
+            self._count(key, owner is not tok)
+            ids = owner.encode_list(text, session=session, scope=scope,
+                                    add_special_tokens=options.add_special_tokens)
+        else:
+            ids = tok.try_encode_list(text, max_chars=max_chars, session=session, scope=scope,
+                                      add_special_tokens=options.add_special_tokens)
+            if ids is None:
+                return None
+            self._count(key, False)
+        return self._finish(tok, ids, options)
 
     async def encode_async(self, wrapper, text: str, options: EncodeOptions = EncodeOptions(),
-                           key: Any = None) -> list[int] | None:
+                           key: Any = None, loop_chars: int | None = None) -> list[int] | None:
         """:meth:`encode` for an event loop: a prompt routed to the pool is awaited, so the
-        loop never waits behind it; the rest is encoded here, in the loop's thread."""
+        loop never waits behind it; the rest is encoded here, in the loop's thread (with
+        ``loop_chars``, only where that encodes at most so many characters; else None)."""
         tok, pool = wrapper.current(), self.pool_route(wrapper, text, key)
         if pool is None:  # in process (routed once: a pool ready meanwhile is not waited for)
-            return self._encode_with(tok, tok, text, options, key)
+            return self._encode_with(tok, tok, text, options, key, loop_chars)
         self._count(key, True)
         session, scope = _parts(key)
         ids = await pool.encode_list_async(text, session=session, scope=scope,
@@ -436,28 +448,28 @@ class EngineHook:
 
     async def serve_async(self, call: Callable[[], Any], original: Callable[[], Any],
                           answer: Callable[[list[int]], Any] | None = None, *,
-                          pooled_only: bool = False):
+                          executor_backed: bool = False):
         """:meth:`serve` on an event loop: never builds dtok here (in the background instead),
         awaits a prompt routed to the pool, and awaits ``original()`` otherwise.
-        ``pooled_only``: only pool-routed prompts are answered here; the rest go to
-        ``original()``, which is itself hooked (an executor call of the blocking hook), so they
-        are not counted as passed through here."""
-        if pooled_only and config.pool_workers() < 1:
-            return await original()  # no pool: nothing for the loop to do, not even the checks
+        ``executor_backed``: ``original()`` runs the blocking hook in the engine's executor, so
+        here only pool-routed prompts are answered, and in process the prompts whose answer
+        encodes at most ``DTOK_LOOP_CHARS`` characters (a session's next turn: answered at once,
+        without the executor's hop there and back); the rest go to ``original()``, and are not
+        counted as passed through here."""
+        loop_chars = config.loop_chars() if executor_backed else None
+        if executor_backed and not loop_chars and config.pool_workers() < 1:
+            return await original()  # nothing for the loop to do, not even the checks
         try:
             t0 = time.perf_counter()
             target = self._target(call, False)
-            if target is not None and pooled_only and self.pool_route(
-                    target[0], target[1], target[3]) is None:
-                target = None
-            ids = None if target is None else await self.encode_async(*target)
+            ids = None if target is None else await self.encode_async(*target, loop_chars)
             if ids is not None:
                 self._took(t0, target)
         except Exception as exc:  # noqa: BLE001 - never break serving
             self.error(exc)
             ids = None
         if ids is None:
-            self._bump(passed_through=not pooled_only)
+            self._bump(passed_through=not executor_backed)
             return await original()
         return ids if answer is None else answer(ids)
 

@@ -15,7 +15,9 @@ Hooks (names of vLLM 0.33; missing ones are skipped with a warning):
 * ``BaseRenderer.__init__`` (around): the renderer's async tokenization runs
   ``_tokenize_prompt`` on its executor; dtok's version carries the request's context (the
   session key) into that thread, and with a pool (``DTOK_POOL_WORKERS=N``) awaits keyed and
-  long prompts from the pool on the event loop instead of occupying an executor thread.
+  long prompts from the pool on the event loop instead of occupying an executor thread; in
+  process, a prompt whose answer encodes at most ``DTOK_LOOP_CHARS`` characters (a session's
+  next turn) is answered on the event loop, without the executor's hop.
 * ``create_chat_completion``, ``create_completion``, ``create_responses``,
   ``create_messages`` (Anthropic), ``create_tokenize`` (``/tokenize``), and the GPU-less render
   server's ``render_chat_request`` / ``render_completion_request`` (around): bind the session
@@ -128,13 +130,14 @@ def _renderer_init(orig, self, *args, **kwargs):
         return
 
     async def tokenize_prompt_async(prompt, params):
-        # on the event loop: only a built dtok and a started pool; the rest in the executor,
-        # where the blocking hook runs with the request's context
+        # on the event loop: only a built dtok, a started pool and short work (a session's next
+        # turn); the rest in the executor, where the blocking hook runs with the request's
+        # context
         return await HOOK.serve_async(
             lambda: _dtok_call(self, prompt, params),
             lambda: patching.run_in_context(asyncio.get_running_loop(), executor,
                                             self._tokenize_prompt, prompt, params),
-            _tokens_prompt_of(prompt), pooled_only=True)
+            _tokens_prompt_of(prompt), executor_backed=True)
 
     self._tokenize_prompt_async = tokenize_prompt_async
 
