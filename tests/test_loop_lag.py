@@ -40,3 +40,25 @@ def test_stalls_are_attributed_by_the_innermost_frame():
     assert not lag._innermost_is_dtok([loop_top, beat]) and lag._waited_natively([loop_top, beat])
     assert not lag._innermost_is_dtok([loop_top, engine])
     assert lag._waited_natively([loop_top]) and not lag._innermost_is_dtok([loop_top])
+
+
+def test_a_stall_says_whether_the_loop_was_on_a_cpu(tmp_path):
+    """A loop that computes through a stall was on a CPU for all of it; one that waits (here
+    asleep in a callback, as it waits for the GIL or for a CPU the machine gave to other
+    threads) for little of it, whatever its stack shows."""
+    async def main():
+        probe = lag.LoopLagProbe(asyncio.get_running_loop(), str(tmp_path / "lag-{pid}.json"))
+        probe.start()
+        await asyncio.sleep(0.05)
+        end = time.perf_counter() + 0.04
+        while time.perf_counter() < end:  # computing
+            pass
+        await asyncio.sleep(0.05)
+        time.sleep(0.04)  # waiting
+        await asyncio.sleep(0.05)
+        return probe
+
+    stalls = [s for s in asyncio.run(main()).snapshot()["stalls"] if s["ms"] >= 30]
+    assert len(stalls) == 2, stalls
+    computing, waiting = stalls
+    assert computing["on_cpu"] >= 0.7 and waiting["on_cpu"] <= 0.3, stalls

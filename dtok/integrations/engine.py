@@ -21,9 +21,10 @@ Pool (``DTOK_POOL_WORKERS=N`` in the server's environment, or :func:`configure`;
 same dtok tokenizer, awaited without blocking the event loop; shorter prompts stay in process.
 The pool starts in a background thread on first use (requests are encoded in process until it
 is ready); if it cannot start, everything stays in process and :meth:`EngineHook.pool_state`
-says why. An engine that tokenizes in an executor (vLLM) gets the in-process answers that
-encode at most ``DTOK_LOOP_CHARS`` characters on its event loop (:meth:`EngineHook.serve_async`). Unkeyed prompts sent to the pool get its content lookup (a prompt sharing at least
-half of a stored one continues it).
+says why. Unkeyed prompts sent to the pool get its content lookup (a prompt sharing at least
+half of a stored one continues it). An engine that tokenizes in an executor (vLLM) gets the
+in-process answers that encode at most ``DTOK_LOOP_CHARS`` characters on its event loop
+(:meth:`EngineHook.serve_async`).
 
 ``DTOK_STATS_FILE=PATH`` (``{pid}`` expands to the process id): each hook's
 :meth:`EngineHook.report` is written there as JSON when the process exits.

@@ -8,7 +8,10 @@ a watchdog thread takes the loop thread's stack once a beat is more than ``STALL
 each stall is named by what held the loop. Every second the probe writes PATH as JSON: beats,
 a lag histogram (cumulative, 0.1 ms bins up to 20 ms, 1 ms above; a reader diffs two snapshots
 for a window), the maximum, and the stalls (start time, duration, stack, whether its innermost frame is
-dtok's code, whether the loop was in native code: waiting for the GIL or in a C extension).
+dtok's code, whether the loop was in native code: waiting for the GIL or in a C extension, and
+``on_cpu``: the share of the stall, from when the watchdog saw it to its end, that the loop's
+thread spent on a CPU; near 0, the loop was waiting — for the GIL, or for a CPU the machine
+gave to other threads — whatever its stack says it was doing).
 """
 from __future__ import annotations
 
@@ -89,6 +92,10 @@ class LoopLagProbe:
         self._last_beat = time.perf_counter()
         self._pending: dict | None = None  # the stall being watched
         self._lock = threading.Lock()
+        try:  # the loop thread's CPU time, readable from the watchdog's thread
+            self._cpu_clock: int | None = time.pthread_getcpuclockid(self.thread_id)
+        except (AttributeError, OSError):  # not on this platform
+            self._cpu_clock = None
 
     def start(self) -> None:
         self._due = time.perf_counter() + INTERVAL_S
@@ -108,6 +115,10 @@ class LoopLagProbe:
                 # (not when the loop slept past its timer)
                 if lag_ms >= STALL_MS:
                     self._pending["ms"] = round(lag_ms, 2)
+                    cpu0, t0 = self._pending.pop("_cpu0", None), self._pending.pop("_t0")
+                    if cpu0 is not None and now > t0:
+                        self._pending["on_cpu"] = round(
+                            min(1.0, (time.thread_time() - cpu0) / (now - t0)), 2)
                     self.stalls.append(self._pending)
                 self._pending = None
             self._last_beat = now
@@ -128,7 +139,9 @@ class LoopLagProbe:
                         "t": round(time.time() - late_ms / 1000, 4),
                         "stack": [line.rstrip() for line in stack],
                         "dtok": _innermost_is_dtok(stack),
-                        "native": _waited_natively(stack)}
+                        "native": _waited_natively(stack), "_t0": now,
+                        "_cpu0": None if self._cpu_clock is None
+                        else time.clock_gettime(self._cpu_clock)}
             if time.monotonic() >= next_write:
                 self.write()
                 next_write = time.monotonic() + 1.0
