@@ -25,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -167,18 +168,20 @@ def main() -> int:
     info = machine()
     print(header(info), flush=True)
     rows: list[dict] = []
+    scratch = Path(tempfile.mkdtemp(prefix="dtok-scaling-"))  # each child's rows
     for i, side in enumerate(args.sides):
         env = dict(os.environ)
         env.pop("FASTOKENS_BPE_THREADS", None)
         if SIDES[side][1] is not None:
             env["FASTOKENS_BPE_THREADS"] = SIDES[side][1]
-        out = Path(f"/tmp/dtok-scaling-{os.getpid()}-{i}.json")
+        out = scratch / f"side-{i}.json"
         cmd = [sys.executable, __file__, "--child", side, "--out", str(out), "--docs",
                str(args.docs), "--pause-ms", str(args.pause_ms), "--tokenizers",
                *args.tokenizers, "--sizes", *map(str, args.sizes), "--threads", *map(str, threads)]
         subprocess.run(cmd, env=env, check=True)
         rows += json.loads(out.read_text())
         out.unlink()
+    scratch.rmdir()
     report(rows)
     wrong = [(r["tokenizer"], r["kind"], r["wrong"]) for r in rows if r["wrong"]]
     print(f"wrong outputs: {wrong or 'none'}")
