@@ -144,6 +144,7 @@ def test_comparisons_see_one_difference(tmp_path):
     assert guard_content(tmp_path / "wider.json") != guard_content(stored)
 
 
+@pytest.mark.slow
 def test_recipe_rebuilds_the_table(tmp_path):
     """The recipe's table step for qwen2: the shipped table's bytes (about 15 s)."""
     for argv in recipe_commands("qwen2", "qwen3"):

@@ -23,6 +23,7 @@ from dtok.admission import TokenizerFiles
 from dtok.chat import reasoning_chat, render_reasoning
 from dtok.cli import demo_text
 from dtok.pool import Pool
+from dtok.pool.api import LOOP_PLAN_WORK
 from dtok.pool.zygote_client import EventReader
 from test_pool import pool_names, wait_until
 
@@ -68,6 +69,7 @@ def test_a_worker_that_never_comes_up_is_replaced_within_seconds(monkeypatch):
     assert started < 30, f"start took {started:.1f} s"
 
 
+@pytest.mark.slow
 def test_start_many_times_under_load():
     """Consecutive starts with the CPUs busy: none hangs (the full campaign of 200 starts is
     tools/reliability/pool_start_campaign.py)."""
@@ -107,18 +109,19 @@ def test_front_end_killed_while_the_zygote_loads_leaves_nothing():
 def test_encode_async_plans_off_the_event_loop_in_order():
     """Planning a request (comparing a long text with the stored one, cutting a document) takes
     milliseconds: the async calls do it on the pool's submit thread, in the order of the calls,
-    so a session's turns sent from one loop stay in order."""
+    so a session's turns sent from one loop stay in order; only an idle session's next turn,
+    with no earlier call waiting there, is planned on the loop, within LOOP_PLAN_WORK."""
     tok = load_tokenizer("qwen3")
     text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:60_000]
     with Pool(tok, workers=1, name="offloop") as pool:
         planned = []
-        submit = pool._submit
+        plan = pool.tokenizer.planner.plan
 
-        def spy(t, *args):
-            planned.append((threading.get_ident(), len(t)))
-            return submit(t, *args)
+        def spy(old, anchors, new, edit_budget=None):
+            planned.append((threading.get_ident(), len(new), edit_budget))
+            return plan(old, anchors, new, edit_budget)
 
-        pool._submit = spy  # a seam: which thread plans, and in which order
+        pool.tokenizer.planner.plan = spy  # a seam: which thread plans, and in which order
 
         async def main():
             turns = [text[: 40_000 + 1000 * i] for i in range(6)]
@@ -129,8 +132,47 @@ def test_encode_async_plans_off_the_event_loop_in_order():
         loop_thread, turns, results = asyncio.run(main())
         for t, ids in zip(turns + [turns[-1] + " end"], results):
             assert list(ids) == ref_ids(tok, t)
-        assert planned and all(tid != loop_thread for tid, _ in planned)
-        assert [n for _, n in planned] == [len(t) for t in turns] + [len(turns[-1]) + 4]
+        assert planned[0][0] != loop_thread  # the first turn: nothing stored
+        assert all(budget == LOOP_PLAN_WORK for tid, _, budget in planned if tid == loop_thread)
+        assert [n for _, n, _ in planned] == [len(t) for t in turns] + [len(turns[-1]) + 4]
+
+
+def test_a_sessions_next_turn_is_planned_on_the_loop():
+    """Awaited one at a time and spaced out, a session's next turns are planned on the event
+    loop (no hop to the submit thread and back); a call while an earlier one still waits in the submit thread
+    goes there too, behind it (the control: it is planned off the loop)."""
+    tok = load_tokenizer("qwen3")
+    text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:120_000]
+    with Pool(tok, workers=1, name="onloop") as pool:
+        threads = []
+        plan = pool.tokenizer.planner.plan
+
+        def spy(*args, **kwargs):
+            threads.append(threading.get_ident())
+            return plan(*args, **kwargs)
+
+        pool.tokenizer.planner.plan = spy
+
+        async def main():
+            out = []
+            for i in range(4):
+                t = text[: 100_000 + 500 * i]
+                out.append((t, await pool.encode_list_async(t, session="s")))
+                await asyncio.sleep(0.02)  # the next turn comes later (the model answers)
+            t = text[:110_000]
+            pool._submitting.append(None)  # as if an earlier call waited in the submit thread
+            call = asyncio.ensure_future(pool.encode_list_async(t, session="s"))
+            await asyncio.sleep(0)  # the call has chosen its route
+            pool._submitting.popleft()
+            out.append((t, await call))
+            return threading.get_ident(), out
+
+        loop_thread, out = asyncio.run(main())
+        for t, ids in out:
+            assert ids == ref_ids(tok, t)
+        on_loop = [tid == loop_thread for tid in threads]
+        assert on_loop[0] is False and on_loop[1:4] == [True, True, True], on_loop
+        assert on_loop[-1] is False, on_loop
 
 
 def test_encode_async_raises_what_the_call_raises_and_survives_cancellation():

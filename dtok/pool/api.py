@@ -63,6 +63,11 @@ __all__ = ["Pool", "PoolError", "AGING"]
 #: most of it; 0.01 kept their P99 under bursts ~40x lower on both encoders.
 AGING = 0.01
 
+#: A keyed session's next turn awaited on an event loop is planned on the loop itself (one
+#: thread hop less than the submit thread's) when the plan's alignment work stays within this
+#: many characters: comparing the texts at memory speed, a ~0.1 ms plan for 400K characters.
+LOOP_PLAN_WORK = 1 << 19
+
 
 def _to_loop(loop: asyncio.AbstractEventLoop, answer: asyncio.Future, done: Future | None,
              error: BaseException | None) -> None:
@@ -173,6 +178,7 @@ class Pool(Supervision):
         self.in_process_route = InProcessRoute(self.tokenizer)  # failover
         # one thread: an event loop's requests are planned off the loop, in order
         self._submitter = ThreadPoolExecutor(1, thread_name_prefix="dtok-pool-submit")
+        self._submitting: deque = deque()  # a token per call waiting in the submit thread
         self._counts = dict(requests=0, stateless=0, chunked=0, chunks=0, lookups=0,
                             lookup_hits=0, session_hits=0,
                             session_repairs=0, session_edits=0, session_inits=0,
@@ -242,10 +248,15 @@ class Pool(Supervision):
         return await self._submit_off_loop(text, session, add_special_tokens, True, scope)
 
     async def _submit_off_loop(self, text, session, add_special, want_list, scope):
-        # The submit thread plans and sends, then chains the request's answer to the loop's
-        # future: the loop wakes once, for the answer (not also when the request was sent).
+        # A session's next turn is planned and sent here when that is quick (_submit_on_loop);
+        # anything else, by the submit thread, which then chains the request's answer to the
+        # loop's future: the loop wakes once, for the answer (not also when it was sent).
         loop = asyncio.get_running_loop()
         answer = loop.create_future()
+        req = self._submit_on_loop(text, session, add_special, want_list, scope)
+        if req is not None:
+            req.future.add_done_callback(lambda f: _to_loop(loop, answer, f, None))
+            return await answer
 
         def submit() -> None:
             try:
@@ -253,10 +264,45 @@ class Pool(Supervision):
             except BaseException as exc:  # to the caller, as the call itself would raise it
                 _to_loop(loop, answer, None, exc)
                 return
+            finally:
+                self._submitting.popleft()
             req.future.add_done_callback(lambda f: _to_loop(loop, answer, f, None))
 
+        self._submitting.append(None)
         self._submitter.submit(submit)
         return await answer
+
+    def _submit_on_loop(self, text, session, add_special, want_list, scope) -> Request | None:
+        """A keyed session's next turn, submitted from the caller's thread (an event loop)
+        where that is quick and keeps the calls' order: the session holds a text, the pool's
+        lock is free, no earlier call waits in the submit thread, and (the session idle) its
+        plan, made here, stays within LOOP_PLAN_WORK characters of alignment and reuses
+        something. Else None, and nothing changed: the submit thread plans it in full."""
+        if (session is None or self._submitting or type(text) is not str
+                or type(add_special) is not bool or self._closed):
+            return None
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            pool_session = self.sessions.find(scoped_key(session, scope))
+            if pool_session is None or pool_session.text is None or self._closed \
+                    or not any(ch.alive for ch in self._channels):
+                return None
+            plan = None
+            if pool_session.inflight is None and not pool_session.queue:
+                plan = self.tokenizer.planner.plan(pool_session.text, pool_session.anchors,
+                                                   text, edit_budget=LOOP_PLAN_WORK)
+                if plan.kind == "encode" or plan.work - plan.prefix_len > LOOP_PLAN_WORK:
+                    return None  # nothing reused, or the alignment stopped early
+            req = Request(text, add_special, "session", want_list)
+            self._counts["requests"] += 1
+            req.pool_session = pool_session
+            pool_session.queue.append(req)
+            self._start_session_request(pool_session, plan)
+            self._assign()
+            return req
+        finally:
+            self._lock.release()
 
     def _wait(self, req: Request):
         """A synchronous caller waits for its tasks that went to workers from its own thread on
@@ -482,18 +528,20 @@ class Pool(Supervision):
             self._push_stateless(Task(P.OP_ENCODE, "chunk", req, piece,
                                       self.estimator.weight(piece), index=i))
 
-    def _start_session_request(self, pool_session: PoolSession) -> None:
+    def _start_session_request(self, pool_session: PoolSession, plan=None) -> None:
         """Start the oldest queued request of a session, unless one is in flight (a session's
-        requests run one at a time, in order)."""
+        requests run one at a time, in order); ``plan``: the first one's, made already."""
         while pool_session.inflight is None and pool_session.queue:
             req = pool_session.queue.popleft()
-            plan = self.tokenizer.planner.plan(pool_session.text, pool_session.anchors, req.text)
-            if plan.kind == "hit":
+            this = plan if plan is not None else self.tokenizer.planner.plan(
+                pool_session.text, pool_session.anchors, req.text)
+            plan = None
+            if this.kind == "hit":
                 self._counts["session_hits"] += 1
                 self._resolve_session(req, pool_session, len(pool_session.ids))
                 continue
             try:
-                task = self._session_task(pool_session, req, plan)
+                task = self._session_task(pool_session, req, this)
             except shm.ShmFull as exc:
                 self._shm_full(req, exc)
                 continue

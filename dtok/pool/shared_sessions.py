@@ -104,6 +104,10 @@ class SessionTable:
     def __len__(self) -> int:
         return len(self._by_key)
 
+    def find(self, key: Hashable) -> PoolSession | None:
+        """The session kept under ``key``, or None (none is made)."""
+        return self._by_key.get(key)
+
     def get(self, key: Hashable) -> PoolSession:
         session = self._by_key.get(key)
         if session is None:
