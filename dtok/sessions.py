@@ -52,6 +52,11 @@ LOOKUP_MIN_CHARS = 4096  # shorter texts cost less to encode than to look up
 # work per character of its budget: comparing texts costs far less a character than encoding
 # them, and a plan that stops early is as exact (it only reuses less)
 ALIGNMENT_PER_BUDGET_CHAR = 16
+# An event loop's default budget (``DTOK_LOOP_CHARS``): an answer that encodes this many
+# characters (a session's next turn: its new text and the stretch back to a cut, a few
+# thousand) costs ~0.1-0.3 ms on the fast encoder: less than an executor's hop there and back,
+# which waits for the GIL (up to its 5 ms switch interval) and behind any long encode there.
+LOOP_CHARS = 32768
 LOOKUP_DENSE_UNTIL = 1 << 16  # checkpoints double up to here, then repeat at this spacing
 
 

@@ -139,8 +139,8 @@ def test_encode_async_plans_off_the_event_loop_in_order():
 
 def test_a_sessions_next_turn_is_planned_on_the_loop():
     """Awaited one at a time and spaced out, a session's next turns are planned on the event
-    loop (no hop to the submit thread and back); a call while an earlier one still waits in the submit thread
-    goes there too, behind it (the control: it is planned off the loop)."""
+    loop (no hop to the submit thread and back); a call while an earlier one still waits in the
+    submit thread goes there too, behind it (the control: it is planned off the loop)."""
     tok = load_tokenizer("qwen3")
     text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:120_000]
     with Pool(tok, workers=1, name="onloop") as pool:

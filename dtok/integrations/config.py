@@ -15,6 +15,8 @@ import os
 import threading
 from typing import Any
 
+from dtok.sessions import LOOP_CHARS
+
 log = logging.getLogger("dtok.integrations")
 
 __all__ = ["configure", "knobs", "pool_workers", "pool_min_chars", "loop_chars",
@@ -22,11 +24,6 @@ __all__ = ["configure", "knobs", "pool_workers", "pool_min_chars", "loop_chars",
 
 _CONFIG: dict[str, Any] = {"workers": None, "min_chars": None, "loop_chars": None,
                            "options": None, "knobs": None}
-# An answer that encodes this many characters (a session's next turn: its new text and the
-# stretch back to a cut, a few thousand) costs ~0.1-0.3 ms on the fast encoder: less than the
-# executor's hop there and back, which waits for the GIL (up to its 5 ms switch interval) and
-# behind any long encode already in that thread.
-LOOP_CHARS = 32768
 
 
 def configure(*, pool_workers: int | None = None, pool_min_chars: int | None = None,

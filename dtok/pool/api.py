@@ -48,7 +48,8 @@ from dtok.pool.shared_sessions import PoolSession, SessionTable
 from dtok.pool.supervision import Supervision, pss_mb
 from dtok.pool.zygote_client import Resources, ZygoteClient
 from dtok.repair import Anchors
-from dtok.sessions import LOOKUP_MIN_CHARS, ContentIndex, is_continuation, scoped_key
+from dtok.sessions import (ALIGNMENT_PER_BUDGET_CHAR, LOOKUP_MIN_CHARS, LOOP_CHARS, ContentIndex,
+                           is_continuation, scoped_key)
 from dtok.tokenizer import Tokenizer
 from dtok_ext.align import common_prefix
 from dtok_ext.buffers import IdBuffer
@@ -65,8 +66,8 @@ AGING = 0.01
 
 #: A keyed session's next turn awaited on an event loop is planned on the loop itself (one
 #: thread hop less than the submit thread's) when the plan's alignment work stays within this
-#: many characters: comparing the texts at memory speed, a ~0.1 ms plan for 400K characters.
-LOOP_PLAN_WORK = 1 << 19
+#: many characters: the budget of an answer made on an event loop in process.
+LOOP_PLAN_WORK = LOOP_CHARS * ALIGNMENT_PER_BUDGET_CHAR
 
 
 def _to_loop(loop: asyncio.AbstractEventLoop, answer: asyncio.Future, done: Future | None,
