@@ -23,8 +23,8 @@ from dtok.admission import TokenizerFiles
 from dtok.chat import reasoning_chat, render_reasoning
 from dtok.cli import demo_text
 from dtok.pool import Pool
-from dtok.pool.api import LOOP_PLAN_WORK
 from dtok.pool.zygote_client import EventReader
+from dtok.sessions import ALIGNMENT_PER_BUDGET_CHAR, LOOP_CHARS
 from test_pool import pool_names, wait_until
 
 
@@ -110,7 +110,7 @@ def test_encode_async_plans_off_the_event_loop_in_order():
     """Planning a request (comparing a long text with the stored one, cutting a document) takes
     milliseconds: the async calls do it on the pool's submit thread, in the order of the calls,
     so a session's turns sent from one loop stay in order; only an idle session's next turn,
-    with no earlier call waiting there, is planned on the loop, within LOOP_PLAN_WORK."""
+    with no earlier call waiting there, is planned on the loop, within the loop's budget."""
     tok = load_tokenizer("qwen3")
     text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:60_000]
     with Pool(tok, workers=1, name="offloop") as pool:
@@ -133,14 +133,16 @@ def test_encode_async_plans_off_the_event_loop_in_order():
         for t, ids in zip(turns + [turns[-1] + " end"], results):
             assert list(ids) == ref_ids(tok, t)
         assert planned[0][0] != loop_thread  # the first turn: nothing stored
-        assert all(budget == LOOP_PLAN_WORK for tid, _, budget in planned if tid == loop_thread)
+        assert all(budget == LOOP_CHARS * ALIGNMENT_PER_BUDGET_CHAR
+                   for tid, _, budget in planned if tid == loop_thread)
         assert [n for _, n, _ in planned] == [len(t) for t in turns] + [len(turns[-1]) + 4]
 
 
 def test_a_sessions_next_turn_is_planned_on_the_loop():
     """Awaited one at a time and spaced out, a session's next turns are planned on the event
     loop (no hop to the submit thread and back); a call while an earlier one still waits in the
-    submit thread goes there too, behind it (the control: it is planned off the loop)."""
+    submit thread goes there too, behind it (the control: it is planned off the loop), and so
+    does a call whose loop budget is 0 (``DTOK_LOOP_CHARS=0``)."""
     tok = load_tokenizer("qwen3")
     text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:120_000]
     with Pool(tok, workers=1, name="onloop") as pool:
@@ -165,6 +167,8 @@ def test_a_sessions_next_turn_is_planned_on_the_loop():
             await asyncio.sleep(0)  # the call has chosen its route
             pool._submitting.popleft()
             out.append((t, await call))
+            t = text[:110_500]
+            out.append((t, await pool.encode_list_async(t, session="s", loop_chars=0)))
             return threading.get_ident(), out
 
         loop_thread, out = asyncio.run(main())
@@ -172,7 +176,7 @@ def test_a_sessions_next_turn_is_planned_on_the_loop():
             assert ids == ref_ids(tok, t)
         on_loop = [tid == loop_thread for tid in threads]
         assert on_loop[0] is False and on_loop[1:4] == [True, True, True], on_loop
-        assert on_loop[-1] is False, on_loop
+        assert on_loop[-2:] == [False, False], on_loop
 
 
 def test_encode_async_raises_what_the_call_raises_and_survives_cancellation():

@@ -113,7 +113,8 @@ def test_declined_where_cpython_would_differ_or_need_nothing():
     assert cache_utf8_each(many) == (2 if available() else 0)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "llama3"])
+# the property does not depend on the file: one in the default run, the other behind slow
+@pytest.mark.parametrize("name", ["qwen3", pytest.param("llama3", marks=pytest.mark.slow)])
 def test_fast_encoders_read_the_written_utf8(name):
     import fastokens
 

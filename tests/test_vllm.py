@@ -427,6 +427,41 @@ def test_pool_backed_route(pooled):
         tok(base + "!")["input_ids"]  # blocking route (an executor thread)
 
 
+def test_loop_chars_bounds_the_pools_planning_on_the_loop(pooled):
+    """DTOK_LOOP_CHARS reaches the pool: a keyed session's next turn is planned on the event
+    loop by default, and never with 0 (the pool's submit thread plans it)."""
+    hook, tok, wrapper, pool = pooled
+    base = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[60_000:110_000]
+    planner = pool.tokenizer.planner
+    plan, threads = planner.plan, []
+
+    def spy(*args, **kwargs):
+        threads.append(threading.get_ident())
+        return plan(*args, **kwargs)
+
+    async def turns(key):
+        text = base
+        for i in range(4):
+            text += f" turn {i}."
+            assert await hook.encode_async(wrapper, text, engine.EncodeOptions(), key) == \
+                tok(text)["input_ids"]
+            await asyncio.sleep(0.02)
+        return threading.get_ident()
+
+    on_loop = {}
+    planner.plan = spy
+    try:
+        for loop_chars in (None, 0):
+            engine.configure(pool_workers=2, pool_min_chars=4096, loop_chars=loop_chars)
+            threads.clear()
+            loop_thread = asyncio.run(turns(f"sid:loop{loop_chars}"))
+            on_loop[loop_chars] = [t == loop_thread for t in threads]
+    finally:
+        planner.plan = plan
+        engine.configure(pool_workers=2, pool_min_chars=4096)
+    assert on_loop[None][1:] == [True] * 3 and on_loop[0] == [False] * 4, on_loop
+
+
 # --- the real vLLM ------------------------------------------------------------------------------
 
 

@@ -3,7 +3,8 @@
 :func:`configure` overrides the environment: ``DTOK_POOL_WORKERS`` (0: everything in
 process), ``DTOK_POOL_MIN_CHARS`` (default 16384: shorter stateless prompts stay in process),
 ``DTOK_LOOP_CHARS`` (default 32768: in process, an engine that tokenizes in an executor gets
-answers that encode at most this many characters on its event loop instead; 0: never),
+answers that encode at most this many characters on its event loop instead; through the pool,
+a session's next turn is planned on the loop within the same budget; 0: never),
 ``DTOK_KNOBS`` (JSON: keyword arguments of :class:`dtok.Tokenizer`). A pool starts in a
 background thread (:class:`PoolSlot`); until it is ready, requests are encoded in process.
 """
@@ -32,7 +33,8 @@ def configure(*, pool_workers: int | None = None, pool_min_chars: int | None = N
     """Configure every hook in this process (overrides ``DTOK_POOL_WORKERS``,
     ``DTOK_POOL_MIN_CHARS``, ``DTOK_LOOP_CHARS`` and ``DTOK_KNOBS``; None: the environment's
     value). ``pool_workers=0`` keeps everything in process; ``loop_chars=0`` sends every
-    in-process encode of an executor-backed engine to its executor; ``pool_options`` go to
+    in-process encode of an executor-backed engine to its executor, and has the pool plan
+    every call on its submit thread (never on the loop); ``pool_options`` go to
     :class:`dtok.Pool`; ``knobs`` to :class:`dtok.Tokenizer` (e.g.
     ``{"session_bytes": 1 << 30}``) for tokenizers built after this call."""
     for name, value in (("pool_workers", pool_workers), ("pool_min_chars", pool_min_chars),

@@ -418,7 +418,8 @@ class EngineHook:
     async def encode_async(self, wrapper, text: str, options: EncodeOptions = EncodeOptions(),
                            key: Any = None, loop_chars: int | None = None) -> list[int] | None:
         """:meth:`encode` for an event loop: a prompt routed to the pool is awaited, so the
-        loop never waits behind it; the rest is encoded here, in the loop's thread (with
+        loop never waits behind it (a session's next turn planned on the loop only within
+        ``DTOK_LOOP_CHARS``' budget); the rest is encoded here, in the loop's thread (with
         ``loop_chars``, only where that encodes at most so many characters; else None)."""
         tok, pool = wrapper.current(), self.pool_route(wrapper, text, key)
         if pool is None:  # in process (routed once: a pool ready meanwhile is not waited for)
@@ -426,7 +427,8 @@ class EngineHook:
         self._count(key, True)
         session, scope = _parts(key)
         ids = await pool.encode_list_async(text, session=session, scope=scope,
-                                           add_special_tokens=options.add_special_tokens)
+                                           add_special_tokens=options.add_special_tokens,
+                                           loop_chars=config.loop_chars())
         return self._finish(tok, ids, options)
 
     # --- the body of every hooked encode ------------------------------------------------------

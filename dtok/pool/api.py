@@ -64,12 +64,6 @@ __all__ = ["Pool", "PoolError", "AGING"]
 #: most of it; 0.01 kept their P99 under bursts ~40x lower on both encoders.
 AGING = 0.01
 
-#: A keyed session's next turn awaited on an event loop is planned on the loop itself (one
-#: thread hop less than the submit thread's) when the plan's alignment work stays within this
-#: many characters: the budget of an answer made on an event loop in process.
-LOOP_PLAN_WORK = LOOP_CHARS * ALIGNMENT_PER_BUDGET_CHAR
-
-
 def _to_loop(loop: asyncio.AbstractEventLoop, answer: asyncio.Future, done: Future | None,
              error: BaseException | None) -> None:
     """Settle an event loop's future from another thread: with the outcome of ``done`` (a
@@ -235,26 +229,33 @@ class Pool(Supervision):
         return self._submit(text, session, add_special_tokens, False, None, scope).future
 
     async def encode_async(self, text: str, *, session: Hashable | None = None,
-                           add_special_tokens: bool = True,
-                           scope: Hashable | None = None) -> memoryview:
+                           add_special_tokens: bool = True, scope: Hashable | None = None,
+                           loop_chars: int = LOOP_CHARS) -> memoryview:
         """:meth:`encode` for an event loop: the loop waits neither behind an encode nor behind
         the planning (comparing a long text with the stored one, cutting a long document:
-        milliseconds), which runs on the pool's submit thread, in the order of the calls."""
-        return await self._submit_off_loop(text, session, add_special_tokens, False, scope)
+        milliseconds), which runs on the pool's submit thread, in the order of the calls.
+        Only a keyed session's next turn may be planned on the loop itself (one thread hop
+        less), where its alignment stays within the work an in-process answer of
+        ``loop_chars`` characters may do on a loop (``DTOK_LOOP_CHARS`` in the engine hooks;
+        0: never)."""
+        return await self._submit_off_loop(text, session, add_special_tokens, False, scope,
+                                           loop_chars)
 
     async def encode_list_async(self, text: str, *, session: Hashable | None = None,
-                                add_special_tokens: bool = True,
-                                scope: Hashable | None = None) -> list[int]:
+                                add_special_tokens: bool = True, scope: Hashable | None = None,
+                                loop_chars: int = LOOP_CHARS) -> list[int]:
         """:meth:`encode_list` for an event loop (as :meth:`encode_async`)."""
-        return await self._submit_off_loop(text, session, add_special_tokens, True, scope)
+        return await self._submit_off_loop(text, session, add_special_tokens, True, scope,
+                                           loop_chars)
 
-    async def _submit_off_loop(self, text, session, add_special, want_list, scope):
+    async def _submit_off_loop(self, text, session, add_special, want_list, scope, loop_chars):
         # A session's next turn is planned and sent here when that is quick (_submit_on_loop);
         # anything else, by the submit thread, which then chains the request's answer to the
         # loop's future: the loop wakes once, for the answer (not also when it was sent).
         loop = asyncio.get_running_loop()
         answer = loop.create_future()
-        req = self._submit_on_loop(text, session, add_special, want_list, scope)
+        req = self._submit_on_loop(text, session, add_special, want_list, scope,
+                                   loop_chars * ALIGNMENT_PER_BUDGET_CHAR)
         if req is not None:
             req.future.add_done_callback(lambda f: _to_loop(loop, answer, f, None))
             return await answer
@@ -273,13 +274,14 @@ class Pool(Supervision):
         self._submitter.submit(submit)
         return await answer
 
-    def _submit_on_loop(self, text, session, add_special, want_list, scope) -> Request | None:
+    def _submit_on_loop(self, text, session, add_special, want_list, scope, plan_work: int
+                        ) -> Request | None:
         """A keyed session's next turn, submitted from the caller's thread (an event loop)
         where that is quick and keeps the calls' order: the session holds a text, the pool's
         lock is free, no earlier call waits in the submit thread, and (the session idle) its
-        plan, made here, stays within LOOP_PLAN_WORK characters of alignment and reuses
+        plan, made here, stays within ``plan_work`` characters of alignment and reuses
         something. Else None, and nothing changed: the submit thread plans it in full."""
-        if (session is None or self._submitting or type(text) is not str
+        if (session is None or plan_work <= 0 or self._submitting or type(text) is not str
                 or type(add_special) is not bool or self._closed):
             return None
         if not self._lock.acquire(blocking=False):
@@ -292,8 +294,8 @@ class Pool(Supervision):
             plan = None
             if pool_session.inflight is None and not pool_session.queue:
                 plan = self.tokenizer.planner.plan(pool_session.text, pool_session.anchors,
-                                                   text, edit_budget=LOOP_PLAN_WORK)
-                if plan.kind == "encode" or plan.work - plan.prefix_len > LOOP_PLAN_WORK:
+                                                   text, edit_budget=plan_work)
+                if plan.kind == "encode" or plan.work - plan.prefix_len > plan_work:
                     return None  # nothing reused, or the alignment stopped early
             req = Request(text, add_special, "session", want_list)
             self._counts["requests"] += 1
