@@ -86,7 +86,9 @@ class GuardTable(NamedTuple):
     source: str
     nfc: dict = _EMPTY  # the NFC proof: agrees, probes, unprobed, failures
     encoder: str = "fastokens"  # which fast encoder the probes ran ("fastokens", "gigatoken")
-    speed: dict = _EMPTY  # text class -> ms per 1M chars, measured at build
+    # measured after the build (tools/data/build_guards.py): gigatoken's "ratio" to fastokens
+    # by text class; fastokens' "long_piece": whole 1M-character documents against cut ones
+    speed: dict = _EMPTY
 
     @property
     def nfc_proven(self) -> bool:
@@ -182,11 +184,16 @@ def build(reference, fast: FastEncoder, sha256: str, out_dir: Path | None = None
         payload["encoder"] = fast.name
     if speed:
         payload["speed"] = speed
+    write_table(path, payload)
+    return table._replace(source=str(path))
+
+
+def write_table(path: Path, payload: dict) -> None:
+    """Write a guard table's JSON (atomically: a reader sees the old file or the new one)."""
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     text = json.dumps(payload, indent=1)
     tmp.write_text(re.sub(r"\[\n\s+(\d+),\n\s+(\d+)\n\s+\]", r"[\1, \2]", text))  # runs on one line
     os.replace(tmp, path)
-    return table._replace(source=str(path))
 
 
 def _guard_mask(table: bytes, disagree) -> bytearray:

@@ -13,11 +13,18 @@ from dtok.logs import logger
 from dtok_ext.cuts import CutRules
 from dtok_ext.specials import SpecialMatcher
 
-__all__ = ["Lane", "Loaded", "load", "SECOND_WINS"]
+__all__ = ["Lane", "Loaded", "load", "SECOND_WINS", "LONG_PIECE_WINS"]
 
 # The second fast encoder takes a text class when its guard table measured it at most this
 # fraction of fastokens' time on that class (a margin over the measurement's noise).
 SECOND_WINS = 0.9
+# fastokens takes text of a class other than Latin in long pieces (one a thread, where one
+# thread encodes it) when its guard table measured a whole 1M-character document at most this
+# fraction of the time of the same document cut (tools/data/build_guards.py --long-pieces): cut
+# text also costs the route's work per piece, which that does not measure. Measured (AMD EPYC,
+# one pinned CPU): Llama-3.1 0.93-0.96 and DeepSeek-V3 0.92-0.93 in three runs each, gpt-oss
+# 1.22, Qwen3 1.84 (its NFC: the 64K pieces stay there).
+LONG_PIECE_WINS = 1.0
 
 
 class Lane(NamedTuple):
@@ -42,6 +49,9 @@ class Loaded(NamedTuple):
     second: Lane | None
     second_classes: frozenset[str]
     notes: tuple[str, ...]  # what was loaded and why (Tokenizer.stats()["notes"])
+    # text classes the main fast encoder takes in long pieces on one thread (LONG_PIECE_WINS;
+    # Latin text on every file)
+    long_piece_classes: frozenset[str]
     # encode_special_tokens: the reference takes special-token strings as plain text; they are
     # found by ``literal`` in pieces, whose stretches the fast encoders (which would match
     # them) never get
@@ -64,6 +74,7 @@ def load(files: TokenizerFiles, encoder: str = "auto",
     admission = admit(files, files.outline(), reference)
     notes: list[str] = []
     rules, fast, nfc_by_fast, second, second_classes = None, None, False, None, frozenset()
+    long_piece_classes = frozenset({"latin"})
     if admission.admitted:
         t = tables.load(admission.family)
         table = t.table
@@ -86,6 +97,9 @@ def load(files: TokenizerFiles, encoder: str = "auto",
             if guard is not None:
                 nfc_by_fast = admission.nfc and guard.nfc_proven
                 table = guards.guarded_table(table, guard, nfc_by_fast)
+                if guard.encoder == "fastokens":
+                    long_piece_classes |= {c for c, r in guard.speed.get("long_piece", {}).items()
+                                           if r <= LONG_PIECE_WINS}
             if giga is not None:
                 nfc = admission.nfc and giga_guard.nfc_proven
                 second = Lane(giga, CutRules(guards.guarded_table(t.table, giga_guard, nfc),
@@ -106,7 +120,8 @@ def load(files: TokenizerFiles, encoder: str = "auto",
             notes.append(f"encode_special_tokens: {len(admission.special_tokens)} special-token "
                          "strings are plain text; stretches holding one go to the reference")
     loaded = Loaded(files.released(), reference, admission, rules, fast, nfc_by_fast, second,
-                    second_classes, tuple(notes), encode_special_tokens, literal)
+                    second_classes, tuple(notes), long_piece_classes, encode_special_tokens,
+                    literal)
     _release_free_heap()
     return loaded
 

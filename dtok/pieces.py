@@ -143,6 +143,7 @@ class PieceEncoder:
                          loaded.nfc_by_fast)
         self.second: Lane | None = loaded.second if use_fast else None
         self.second_classes = loaded.second_classes if use_fast else frozenset()
+        self.long_piece_classes = loaded.long_piece_classes
         # encode_special_tokens: special-token strings are plain text to the reference, while
         # the fast encoders would match them; stretches holding one go to the reference
         self.literal = loaded.literal
@@ -332,14 +333,21 @@ class PieceEncoder:
     def chunk_target(self, text: str) -> int:
         """The chunk length the stateless route aims at for ``text``: one piece per encoding
         thread, up to LONGEST_FAST_PIECE, for Latin text (:func:`text_class`) on a fast
-        encoder; else the knob ``chunk_target``: the reference's cost per chunk grows faster
-        than linearly with the chunk's length, and on other text long pieces were no faster
-        on three files and 1.2-1.5x slower on Qwen3, whose NFC fastokens does itself."""
+        encoder, and for other text where one thread encodes it and the file's guard table
+        measured fastokens faster on it whole (``long_piece_classes``: Llama-3.1 and
+        DeepSeek-V3); else the knob ``chunk_target``: the reference's cost per chunk grows
+        faster than linearly with the chunk's length, on Qwen3 (its NFC) and gpt-oss a 1M
+        document of other text whole took 1.2-1.8x its time in such chunks, and several
+        threads take other text's chunks as they come free (:meth:`_encode_shared`)."""
         target = self.chunker.target
-        if self.main.encoder is self.reference or self.second is not None \
-                or text_class(text) != "latin":
+        if self.main.encoder is self.reference or self.second is not None:
             return target
-        threads = self.useful_threads(len(text), TEXT_WEIGHT["latin"])
+        cls = text_class(text)
+        if cls not in self.long_piece_classes:
+            return target
+        threads = self.useful_threads(len(text), TEXT_WEIGHT[cls])
+        if threads > 1 and cls != "latin":
+            return target
         return max(target, min(LONGEST_FAST_PIECE, -(-len(text) // threads)))
 
     def chunk_count(self, text: str) -> int:

@@ -52,7 +52,9 @@ def test_explain_reports_plan():
 @pytest.mark.parametrize("threads", [1, 3])
 def test_fast_encoder_gets_latin_text_in_one_piece_per_thread(threads):
     """On a fast encoder Latin text is cut into one piece per encoding thread, no piece over
-    LONGEST_FAST_PIECE; other text into chunks of chunk_target (PieceEncoder.chunk_target)."""
+    LONGEST_FAST_PIECE; other text into chunks of chunk_target for several threads, and on
+    this file (its guard table measured long pieces faster) whole for one
+    (PieceEncoder.chunk_target)."""
     from dtok.pieces import LONGEST_FAST_PIECE
 
     tok = load_tokenizer("llama3", content_lookup=False, threads=threads)
@@ -64,8 +66,22 @@ def test_fast_encoder_gets_latin_text_in_one_piece_per_thread(threads):
     k = -(-len(longer) // LONGEST_FAST_PIECE)
     assert tok.explain(longer)["requested_chunks"] == max(k, threads)
     other = read_text("multilingual", "udhr_all-languages_concatenated.txt")[:1_000_000]
-    assert tok.explain(other)["requested_chunks"] == 16
+    assert tok.explain(other)["requested_chunks"] == (1 if threads == 1 else 16)
     assert list(tok.encode(prose)) == ref_ids(tok, prose)
+    assert list(tok.encode(other)) == ref_ids(tok, other)
+
+
+@pytest.mark.parametrize("name, chunks", [("llama3", 1), ("deepseek-v3", 1), ("qwen3", 16),
+                                          ("gpt-oss", 16)])
+def test_other_text_is_whole_on_one_thread_only_where_measured_faster(name, chunks):
+    """One thread: 1M characters of multilingual text go to fastokens whole where the file's
+    guard table measured that faster (``long_piece``), else in chunks of chunk_target; a
+    table without the measurement keeps the chunks."""
+    tok = load_tokenizer(name, content_lookup=False, threads=1)
+    other = read_text("multilingual", "udhr_all-languages_concatenated.txt")[:1_000_000]
+    assert tok.explain(other)["requested_chunks"] == chunks
+    tok.pieces.long_piece_classes = frozenset({"latin"})  # as loaded from a table without it
+    assert tok.explain(other)["requested_chunks"] == 16
 
 
 def test_added_token_boundaries_are_cuts():

@@ -3,6 +3,7 @@
 
     python tools/data/build_guards.py PATH [PATH ...] [--encoder fastokens|gigatoken]
                                       [--out DIR] [--reuse-code-points] [--speed]
+                                      [--long-pieces]
 
 For each file: compare every vocabulary entry's text and every code point in eight contexts
 through the fast encoder (fastokens or gigatoken) and the reference, and for an NFC file run the NFC proof (see dtok/guards.py).
@@ -17,6 +18,15 @@ record the per-class median ratio in the file's table: dtok gives gigatoken the 
 it took at most ``SECOND_WINS`` of fastokens' time. Each document is new to both encoders (the
 gigatoken instance first sees the other half of the corpus: a warm pre-token cache, as in
 service); pairs alternate which encoder goes first.
+
+``--long-pieces`` (fastokens tables): measure, on one pinned CPU with one BPE thread (the
+one-thread case it decides), fastokens on 1M-character documents of the text classes other
+than Latin, whole against cut where the stateless route cuts them (the knob ``chunk_target``,
+slicing included), and record the median ratio whole / cut per class in the file's table
+(``speed.long_piece``): dtok gives the fast encoder such text in one piece, where one thread
+encodes it, when it took at most ``dtok.loading.LONG_PIECE_WINS`` of the cut time (Latin text
+always: bench_fast.py --pieces-only). Each document is a fresh copy; pairs alternate which
+form goes first, 20 ms apart (requests spaced out).
 """
 import argparse
 import gzip
@@ -42,8 +52,17 @@ def main() -> None:
     ap.add_argument("--encoder", choices=("fastokens", "gigatoken"), default="fastokens")
     ap.add_argument("--speed", action="store_true",
                     help="only measure gigatoken against fastokens and record it in the table")
+    ap.add_argument("--long-pieces", action="store_true",
+                    help="only measure fastokens on long pieces of other text and record it")
     ap.add_argument("--corpus", type=Path, default=None)
     args = ap.parse_args()
+    if args.long_pieces:
+        if os.environ.get("FASTOKENS_BPE_THREADS") != "1":  # read when fastokens starts
+            os.execve(sys.executable, [sys.executable, *sys.argv],
+                      {**os.environ, "FASTOKENS_BPE_THREADS": "1"})
+        for path in args.paths:
+            record_long_pieces(path, args.out, args.corpus)
+        return
     if args.speed:
         for path in args.paths:
             record_speed(path, args.out, args.corpus)
@@ -77,16 +96,24 @@ CLASSES = {"latin": ("prose", "code"), "other": ("multilingual", "adversarial")}
 DOC = 65536  # dtok's chunk_target: what one encoder call usually gets
 
 
-def _corpus_docs(corpus: Path | None) -> dict[str, list[str]]:
+def _corpus_root(corpus: Path | None) -> Path:
     shared = Path(os.environ.get("DTOK_SHARED", ROOT.parent / "shared")) / "corpus"
-    root = corpus or (shared if shared.is_dir() else ROOT / "tests" / "data" / "corpus")
+    return corpus or (shared if shared.is_dir() else ROOT / "tests" / "data" / "corpus")
+
+
+def _read(f: Path) -> str:
+    raw = f.read_bytes()
+    return (gzip.decompress(raw) if f.suffix == ".gz" else raw).decode("utf-8")
+
+
+def _corpus_docs(corpus: Path | None) -> dict[str, list[str]]:
+    root = _corpus_root(corpus)
     out = {}
     for cls, kinds in CLASSES.items():
         docs = []
         for kind in kinds:
             for f in sorted((root / kind).iterdir()):
-                raw = f.read_bytes()
-                text = (gzip.decompress(raw) if f.suffix == ".gz" else raw).decode("utf-8")
+                text = _read(f)
                 docs += [text[i:i + DOC] for i in range(0, len(text) - DOC // 4, DOC)]
         out[cls] = docs
     return out
@@ -125,9 +152,60 @@ def record_speed(path: Path, out: Path, corpus: Path | None) -> None:
     table["speed"] = {"ratio": ratio, "total_ms": ms, "docs": counts, "doc_chars": DOC,
                       "loadavg": [round(x, 2) for x in os.getloadavg()],
                       "cpus": len(os.sched_getaffinity(0)), "when": time.strftime("%Y-%m-%d")}
-    tmp = table_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(table, indent=1))
-    os.replace(tmp, table_path)
+    guards.write_table(table_path, table)
+
+
+LONG_DOC = 1_000_000
+LONG_DOCS = 6  # documents of each kind (each measured in three pairs)
+
+
+def _fresh(text: str) -> str:
+    return (text + " ")[:-1]  # a new str: no UTF-8 written on it yet, as a request's text
+
+
+def record_long_pieces(path: Path, out: Path, corpus: Path | None) -> None:
+    from dtok.chunking import split_at
+
+    os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    tok = Tokenizer.from_file(path, encoder="reference")  # the knob chunk_target's cuts
+    fast = FastEncoder(tok.tokenizer_json(), tok.reference)
+    table_path = out / guards.file_name(tok.admission.sha256, fast.version)
+    table = json.loads(table_path.read_text())
+    root = _corpus_root(corpus)
+    ratio, by_kind = {}, {}
+    for cls, kinds in CLASSES.items():
+        if cls == "latin":
+            continue
+        per_doc = []
+        for kind in kinds:
+            text = "".join(_read(f) for f in sorted((root / kind).iterdir()))
+            while len(text) < LONG_DOC + LONG_DOCS * 20_000:
+                text += text
+            ratios = []
+            for d in range(LONG_DOCS):
+                doc = text[d * 20_000 : d * 20_000 + LONG_DOC]
+                cuts = tok.pieces.stateless_cuts(doc)
+                t = {"whole": [], "cut": []}
+                for r in range(3):
+                    for form in (("whole", "cut") if (d + r) % 2 else ("cut", "whole")):
+                        s = _fresh(doc)
+                        time.sleep(0.02)
+                        t0 = time.perf_counter()
+                        if form == "whole":
+                            fast.encode(s)
+                        else:
+                            fast.encode_many(split_at(s, cuts))
+                        t[form].append(time.perf_counter() - t0)
+                ratios.append(statistics.median(t["whole"]) / statistics.median(t["cut"]))
+            by_kind[kind] = round(statistics.median(ratios), 3)
+            per_doc += ratios
+        ratio[cls] = round(statistics.median(per_doc), 3)
+        print(f"{path}: {cls}: whole / cut median {ratio[cls]:.3f} over {len(per_doc)} "
+              f"documents ({by_kind})", flush=True)
+    table["speed"] = {"long_piece": ratio, "long_piece_kinds": by_kind, "doc_chars": LONG_DOC,
+                      "loadavg": [round(x, 2) for x in os.getloadavg()],
+                      "when": time.strftime("%Y-%m-%d")}
+    guards.write_table(table_path, table)
 
 
 if __name__ == "__main__":
