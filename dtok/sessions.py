@@ -60,6 +60,11 @@ LOOP_CHARS = 32768
 LOOKUP_DENSE_UNTIL = 1 << 16  # checkpoints double up to here, then repeat at this spacing
 
 
+def alignment_budget(chars: int) -> int:
+    """The alignment work a plan may do for an answer whose budget is ``chars`` characters."""
+    return chars * ALIGNMENT_PER_BUDGET_CHAR
+
+
 def is_continuation(reused: int, stored: int) -> bool:
     """Content lookup's rule: a text that reuses at least half of a stored text's characters
     continues it (and replaces it); one that shares less is a fork (another conversation with
@@ -443,7 +448,7 @@ class SessionStore:
             return None  # nothing stored: the whole text to encode (not even planned)
         else:
             plan = self.planner.plan(entry.text, entry.anchors, text,
-                                     edit_budget=max_chars * ALIGNMENT_PER_BUDGET_CHAR)
+                                     edit_budget=alignment_budget(max_chars))
             if self._pieces.work(plan.encode_chars) > max_chars:
                 return None
         kind = {"hit": "hits", "append": "repairs", "edit": "edits",

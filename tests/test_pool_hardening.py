@@ -24,7 +24,7 @@ from dtok.chat import reasoning_chat, render_reasoning
 from dtok.cli import demo_text
 from dtok.pool import Pool
 from dtok.pool.zygote_client import EventReader
-from dtok.sessions import ALIGNMENT_PER_BUDGET_CHAR, LOOP_CHARS
+from dtok.sessions import LOOP_CHARS, alignment_budget
 from test_pool import pool_names, wait_until
 
 
@@ -133,7 +133,7 @@ def test_encode_async_plans_off_the_event_loop_in_order():
         for t, ids in zip(turns + [turns[-1] + " end"], results):
             assert list(ids) == ref_ids(tok, t)
         assert planned[0][0] != loop_thread  # the first turn: nothing stored
-        assert all(budget == LOOP_CHARS * ALIGNMENT_PER_BUDGET_CHAR
+        assert all(budget == alignment_budget(LOOP_CHARS)
                    for tid, _, budget in planned if tid == loop_thread)
         assert [n for _, n, _ in planned] == [len(t) for t in turns] + [len(turns[-1]) + 4]
 

@@ -48,7 +48,7 @@ from dtok.pool.shared_sessions import PoolSession, SessionTable
 from dtok.pool.supervision import Supervision, pss_mb
 from dtok.pool.zygote_client import Resources, ZygoteClient
 from dtok.repair import Anchors
-from dtok.sessions import (ALIGNMENT_PER_BUDGET_CHAR, LOOKUP_MIN_CHARS, LOOP_CHARS, ContentIndex,
+from dtok.sessions import (LOOKUP_MIN_CHARS, LOOP_CHARS, ContentIndex, alignment_budget,
                            is_continuation, scoped_key)
 from dtok.tokenizer import Tokenizer
 from dtok_ext.align import common_prefix
@@ -255,7 +255,7 @@ class Pool(Supervision):
         loop = asyncio.get_running_loop()
         answer = loop.create_future()
         req = self._submit_on_loop(text, session, add_special, want_list, scope,
-                                   loop_chars * ALIGNMENT_PER_BUDGET_CHAR)
+                                   alignment_budget(loop_chars))
         if req is not None:
             req.future.add_done_callback(lambda f: _to_loop(loop, answer, f, None))
             return await answer
