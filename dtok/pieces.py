@@ -54,7 +54,10 @@ CLASS_RUNS, CLASS_RUN = 16, 256
 # An explicit ``threads`` is used as given.
 AUTO_SPLIT_SAVING = 1_250_000
 # Work per character in those units: a fast encoder's other text costs 3-4x its Latin text
-# (1M characters: 11-17 ms against ~4); the reference ~100x (~0.5 us a character).
+# (1M characters: 11-17 ms against ~4); the reference ~100x (~0.5 us a character). The guard
+# tables record each file's mean (``speed.text_weight``: 1.8-2.9x); weighing by it instead lost
+# 1.18-1.27x on Llama-3.1 (benches/bench_split_weight.py, docs/benchmarks.md#default-threads):
+# one text's cost varies up to 2x about the mean, and the split paid below the mean's cost.
 TEXT_WEIGHT = {"latin": 1, "other": 3}
 REFERENCE_WEIGHT = 100
 # Text the stateless route cut into many chunks (at least SHARED_MIN_CHUNKS per thread) is
@@ -83,14 +86,14 @@ def text_class(piece: str) -> str:
         else "other"
 
 
-def fast_weight(items: list) -> int:
-    """TEXT_WEIGHT of (slot, text) items for a fast encoder, by :func:`text_class` of a sample
-    of them all: the start of up to CLASS_RUNS items spread over the list (the chunks of one
-    text can differ: the first of a multilingual document may be Latin text)."""
+def items_class(items: list) -> str:
+    """:func:`text_class` of (slot, text) items, by a sample of them all: the start of up to
+    CLASS_RUNS items spread over the list (the chunks of one text can differ: the first of a
+    multilingual document may be Latin text)."""
     if len(items) == 1:
-        return TEXT_WEIGHT[text_class(items[0][1])]
+        return text_class(items[0][1])
     step = max(1, len(items) // CLASS_RUNS)
-    return TEXT_WEIGHT[text_class("".join([t[:CLASS_RUN] for _, t in items[::step]]))]
+    return text_class("".join([t[:CLASS_RUN] for _, t in items[::step]]))
 
 
 def _even_runs(items: list, n: int, total: int | None = None) -> list[list]:
@@ -144,6 +147,7 @@ class PieceEncoder:
         self.second: Lane | None = loaded.second if use_fast else None
         self.second_classes = loaded.second_classes if use_fast else frozenset()
         self.long_piece_classes = loaded.long_piece_classes
+        self.text_weight = dict(TEXT_WEIGHT)  # what the split rule weighs a fast encoder's text by
         # encode_special_tokens: special-token strings are plain text to the reference, while
         # the fast encoders would match them; stretches holding one go to the reference
         self.literal = loaded.literal
@@ -345,7 +349,7 @@ class PieceEncoder:
         cls = text_class(text)
         if cls not in self.long_piece_classes:
             return target
-        threads = self.useful_threads(len(text), TEXT_WEIGHT[cls])
+        threads = self.useful_threads(len(text), self.text_weight[cls])
         if threads > 1 and cls != "latin":
             return target
         return max(target, min(LONGEST_FAST_PIECE, -(-len(text) // threads)))
@@ -513,14 +517,14 @@ class PieceEncoder:
     def _groups(self, items: list, fast: bool, one: bool = False) -> list[list]:
         """Split (slot, text) items into groups of about equal length, one encoder call each:
         at most :meth:`useful_threads` of them for the items' work (``fast``: text for a fast
-        encoder, :func:`fast_weight`; else stretches for the reference); short work
+        encoder, weighed by :func:`items_class`; else stretches for the reference); short work
         stays in one group (a thread hand-off costs more)."""
         if not items:
             return []
         total = sum(len(t) for _, t in items)
         n = 1 if one else min(self.threads, len(items), max(1, total // PARALLEL_MIN_CHARS))
         if n > 1:
-            weight = fast_weight(items) if fast else REFERENCE_WEIGHT
+            weight = self.text_weight[items_class(items)] if fast else REFERENCE_WEIGHT
             n = min(n, self.useful_threads(total, weight))
         if n == 1:
             return [items]

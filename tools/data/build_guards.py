@@ -25,8 +25,11 @@ than Latin, whole against cut where the stateless route cuts them (the knob ``ch
 slicing included), and record the median ratio whole / cut per class in the file's table
 (``speed.long_piece``): dtok gives the fast encoder such text in one piece, where one thread
 encodes it, when it took at most ``dtok.loading.LONG_PIECE_WINS`` of the cut time (Latin text
-always: bench_fast.py --pieces-only). Each document is a fresh copy; pairs alternate which
-form goes first, 20 ms apart (requests spaced out).
+always: bench_fast.py --pieces-only). It also records the work per character of each class
+against Latin text (prose and code whole), each in the form dtok gives it (``speed.text_weight``): what
+the split rule of dtok's default threads counts a character of that class as
+(``dtok.pieces.PieceEncoder.useful_threads``). Each document is a fresh copy; the forms
+alternate which goes first, 20 ms apart (requests spaced out).
 """
 import argparse
 import gzip
@@ -163,8 +166,36 @@ def _fresh(text: str) -> str:
     return (text + " ")[:-1]  # a new str: no UTF-8 written on it yet, as a request's text
 
 
+def _long_docs(root: Path, kind: str) -> list[str]:
+    """LONG_DOCS distinct documents of LONG_DOC characters spread over the corpus's files of
+    ``kind`` concatenated (windows a few thousand characters apart would hold one stretch of
+    the corpus, a few of its languages, with every word seen by the first)."""
+    text = "".join(_read(f) for f in sorted((root / kind).iterdir()))
+    while len(text) < LONG_DOC * LONG_DOCS:
+        text += text
+    step = (len(text) - LONG_DOC) // (LONG_DOCS - 1)
+    return [text[d * step : d * step + LONG_DOC] for d in range(LONG_DOCS)]
+
+
+def _paired(forms: dict, d: int) -> dict[str, float]:
+    """The median time of each form, a (callable, text) pair: three rounds, the order
+    alternating with ``d`` and the round, each call on a fresh copy of its text 20 ms after the
+    last (spaced out)."""
+    t: dict[str, list[float]] = {name: [] for name in forms}
+    for r in range(3):
+        for name in (list(forms) if (d + r) % 2 else list(forms)[::-1]):
+            fn, doc = forms[name]
+            s = _fresh(doc)
+            time.sleep(0.02)
+            t0 = time.perf_counter()
+            fn(s)
+            t[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(v) for name, v in t.items()}
+
+
 def record_long_pieces(path: Path, out: Path, corpus: Path | None) -> None:
     from dtok.chunking import split_at
+    from dtok.loading import LONG_PIECE_WINS
 
     os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
     tok = Tokenizer.from_file(path, encoder="reference")  # the knob chunk_target's cuts
@@ -172,38 +203,38 @@ def record_long_pieces(path: Path, out: Path, corpus: Path | None) -> None:
     table_path = out / guards.file_name(tok.admission.sha256, fast.version)
     table = json.loads(table_path.read_text())
     root = _corpus_root(corpus)
-    ratio, by_kind = {}, {}
+    latin = [doc for kind in CLASSES["latin"] for doc in _long_docs(root, kind)]
+    ratio, by_kind, weight = {}, {}, {}
     for cls, kinds in CLASSES.items():
         if cls == "latin":
             continue
+        docs = [(kind, doc) for kind in kinds for doc in _long_docs(root, kind)]
         per_doc = []
-        for kind in kinds:
-            text = "".join(_read(f) for f in sorted((root / kind).iterdir()))
-            while len(text) < LONG_DOC + LONG_DOCS * 20_000:
-                text += text
-            ratios = []
-            for d in range(LONG_DOCS):
-                doc = text[d * 20_000 : d * 20_000 + LONG_DOC]
-                cuts = tok.pieces.stateless_cuts(doc)
-                t = {"whole": [], "cut": []}
-                for r in range(3):
-                    for form in (("whole", "cut") if (d + r) % 2 else ("cut", "whole")):
-                        s = _fresh(doc)
-                        time.sleep(0.02)
-                        t0 = time.perf_counter()
-                        if form == "whole":
-                            fast.encode(s)
-                        else:
-                            fast.encode_many(split_at(s, cuts))
-                        t[form].append(time.perf_counter() - t0)
-                ratios.append(statistics.median(t["whole"]) / statistics.median(t["cut"]))
-            by_kind[kind] = round(statistics.median(ratios), 3)
-            per_doc += ratios
+        for d, (kind, doc) in enumerate(docs):
+            cuts = tok.pieces.stateless_cuts(doc)
+            t = _paired({"whole": (fast.encode, doc),
+                         "cut": (lambda s: fast.encode_many(split_at(s, cuts)), doc)}, d)
+            per_doc.append(t["whole"] / t["cut"])
+            by_kind.setdefault(kind, []).append(per_doc[-1])
         ratio[cls] = round(statistics.median(per_doc), 3)
+        # the work per character in the form dtok gives it, each document timed beside a
+        # document of Latin text (alternating): the machine's drift cancels in the pair.
+        # Means, not medians: the class mixes kinds of unlike cost (multilingual text cost up
+        # to 1.5x adversarial text), whose work adds up
+        whole = ratio[cls] <= LONG_PIECE_WINS
+        times = {"other": [], "latin": []}
+        for d, (kind, doc) in enumerate(docs):
+            cuts = tok.pieces.stateless_cuts(doc)
+            form = fast.encode if whole else lambda s: fast.encode_many(split_at(s, cuts))
+            t = _paired({"other": (form, doc), "latin": (fast.encode, latin[d % len(latin)])}, d)
+            for name in times:
+                times[name].append(t[name])
+        weight[cls] = round(statistics.fmean(times["other"]) / statistics.fmean(times["latin"]), 2)
         print(f"{path}: {cls}: whole / cut median {ratio[cls]:.3f} over {len(per_doc)} "
-              f"documents ({by_kind})", flush=True)
-    table["speed"] = {"long_piece": ratio, "long_piece_kinds": by_kind, "doc_chars": LONG_DOC,
-                      "loadavg": [round(x, 2) for x in os.getloadavg()],
+              f"documents; work per character {weight[cls]} x Latin text's", flush=True)
+    by_kind = {kind: round(statistics.median(r), 3) for kind, r in by_kind.items()}
+    table["speed"] = {"long_piece": ratio, "long_piece_kinds": by_kind, "text_weight": weight,
+                      "doc_chars": LONG_DOC, "loadavg": [round(x, 2) for x in os.getloadavg()],
                       "when": time.strftime("%Y-%m-%d")}
     guards.write_table(table_path, table)
 
