@@ -55,9 +55,10 @@ CLASS_RUNS, CLASS_RUN = 16, 256
 AUTO_SPLIT_SAVING = 1_250_000
 # Work per character in those units: a fast encoder's other text costs 3-4x its Latin text
 # (1M characters: 11-17 ms against ~4); the reference ~100x (~0.5 us a character). The guard
-# tables record each file's mean (``speed.text_weight``: 1.8-2.9x); weighing by it instead lost
-# 1.18-1.27x on Llama-3.1 (benches/bench_split_weight.py, docs/benchmarks.md#default-threads):
-# one text's cost varies up to 2x about the mean, and the split paid below the mean's cost.
+# tables record each file's mean (``speed.text_weight``: 1.8-2.9x); weighing by it instead was
+# not shown better (benches/bench_split_weight.py, Llama-3.1: 1.27x then 0.80x the fixed
+# weight's time minutes apart, docs/benchmarks.md#default-threads): one text's cost varies up
+# to 2x about the mean.
 TEXT_WEIGHT = {"latin": 1, "other": 3}
 REFERENCE_WEIGHT = 100
 # Text the stateless route cut into many chunks (at least SHARED_MIN_CHUNKS per thread) is

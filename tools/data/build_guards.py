@@ -26,9 +26,9 @@ slicing included), and record the median ratio whole / cut per class in the file
 (``speed.long_piece``): dtok gives the fast encoder such text in one piece, where one thread
 encodes it, when it took at most ``dtok.loading.LONG_PIECE_WINS`` of the cut time (Latin text
 always: bench_fast.py --pieces-only). It also records the work per character of each class
-against Latin text (prose and code whole), each in the form dtok gives it (``speed.text_weight``): what
-the split rule of dtok's default threads counts a character of that class as
-(``dtok.pieces.PieceEncoder.useful_threads``). Each document is a fresh copy; the forms
+against Latin text (prose and code whole), each in the form dtok gives it
+(``speed.text_weight``), which benches/bench_split_weight.py weighs the default threads' split
+by against the fixed ``dtok.pieces.TEXT_WEIGHT``. Each document is a fresh copy; the forms
 alternate which goes first, 20 ms apart (requests spaced out).
 """
 import argparse
