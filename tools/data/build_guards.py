@@ -209,11 +209,12 @@ def record_long_pieces(path: Path, out: Path, corpus: Path | None) -> None:
         if cls == "latin":
             continue
         docs = [(kind, doc) for kind in kinds for doc in _long_docs(root, kind)]
+        # each document cut as the stateless route cuts it (the cuts found once)
+        cut = [lambda s, cuts=tok.pieces.stateless_cuts(doc): fast.encode_many(split_at(s, cuts))
+               for _, doc in docs]
         per_doc = []
         for d, (kind, doc) in enumerate(docs):
-            cuts = tok.pieces.stateless_cuts(doc)
-            t = _paired({"whole": (fast.encode, doc),
-                         "cut": (lambda s: fast.encode_many(split_at(s, cuts)), doc)}, d)
+            t = _paired({"whole": (fast.encode, doc), "cut": (cut[d], doc)}, d)
             per_doc.append(t["whole"] / t["cut"])
             by_kind.setdefault(kind, []).append(per_doc[-1])
         ratio[cls] = round(statistics.median(per_doc), 3)
@@ -224,8 +225,7 @@ def record_long_pieces(path: Path, out: Path, corpus: Path | None) -> None:
         whole = ratio[cls] <= LONG_PIECE_WINS
         times = {"other": [], "latin": []}
         for d, (kind, doc) in enumerate(docs):
-            cuts = tok.pieces.stateless_cuts(doc)
-            form = fast.encode if whole else lambda s: fast.encode_many(split_at(s, cuts))
+            form = fast.encode if whole else cut[d]
             t = _paired({"other": (form, doc), "latin": (fast.encode, latin[d % len(latin)])}, d)
             for name in times:
                 times[name].append(t[name])
