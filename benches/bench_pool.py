@@ -22,9 +22,12 @@
 ``--hold dropped|held|list_held`` sets how the sweep's caller holds results (``held``: the
 previous view alive while the next turn is encoded, as ``ids = pool.encode(...)`` in a loop).
 ``--caller async`` makes the sweep's caller an event loop, as the engine hooks are: the pool
-through ``encode_async`` / ``encode_list_async`` (planning on the pool's submit thread, the
-answer through its dispatcher thread), in process through ``run_in_executor`` on one thread;
-the stages then begin with the hand-off from the loop to the submit thread.
+through ``encode_async`` / ``encode_list_async`` (a session's next turn planned on the loop,
+and answered there when its encoding fits the loop's budget, ``DTOK_LOOP_CHARS``' default;
+the rest planned on the pool's submit thread and answered through its dispatcher thread), in
+process through ``run_in_executor`` on one thread; the stages of the turns a worker answered
+then begin with the hand-off from the loop, and the count of turns answered on the loop is
+printed.
 
     python benches/bench_pool.py --patterns [--size 1000000] [--repeats 3]
 
@@ -153,8 +156,10 @@ def sweep(tok, pool, src: str, size: int, spacings, requests: int, repeats: int,
             check(pool.encode(texts[-1], session=key), texts[-1])
             check(local.encode(texts[-1], session=key), texts[-1])
             stages = _stages(pool.trace[: len(returned)], returned, called)
+            on_loop = sum(len(rec) == 2 for rec in pool.trace[: len(returned)])  # submit only
             pool.trace = None
-            reps.append({k: summary(v) for k, v in lat.items()} | {"stages_ms": stages})
+            reps.append({k: summary(v) for k, v in lat.items()}
+                        | {"stages_ms": stages, "answered_on_the_loop": on_loop})
         row = {"spacing_ms": spacing, "repeats": reps}
         for who in ("pool", "in_process"):
             for stat in ("median_ms", "p99_ms"):
@@ -173,8 +178,10 @@ def sweep(tok, pool, src: str, size: int, spacings, requests: int, repeats: int,
               f"{row['in_process_median_ms_spread'][1]:.3f}) P99 {row['in_process_p99_ms']:.3f} "
               f"| pool - in process: median {row['median_over_ms']:+.3f} P99 "
               f"{row['p99_over_ms']:+.3f} ms", flush=True)
-        print("      stages (median ms, last repeat): " +
+        print("      stages (median ms, last repeat; turns a worker answered): " +
               ", ".join(f"{k} {v:.3f}" for k, v in st.items()), flush=True)
+        print(f"      answered on the event loop, no worker (last repeat): "
+              f"{reps[-1]['answered_on_the_loop']} of {requests}", flush=True)
     return rows
 
 

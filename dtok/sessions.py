@@ -65,6 +65,12 @@ def alignment_budget(chars: int) -> int:
     return chars * ALIGNMENT_PER_BUDGET_CHAR
 
 
+def plan_fits(pieces: PieceEncoder, plan: Plan, chars: int) -> bool:
+    """Whether a plan's encoding costs at most an answer's budget of ``chars`` characters
+    (:meth:`PieceEncoder.work`)."""
+    return pieces.work(plan.encode_chars) <= chars
+
+
 def is_continuation(reused: int, stored: int) -> bool:
     """Content lookup's rule: a text that reuses at least half of a stored text's characters
     continues it (and replaces it); one that shares less is a fork (another conversation with
@@ -449,7 +455,7 @@ class SessionStore:
         else:
             plan = self.planner.plan(entry.text, entry.anchors, text,
                                      edit_budget=alignment_budget(max_chars))
-            if self._pieces.work(plan.encode_chars) > max_chars:
+            if not plan_fits(self._pieces, plan, max_chars):
                 return None
         kind = {"hit": "hits", "append": "repairs", "edit": "edits",
                 "encode": "full_encodes"}[plan.kind]

@@ -122,7 +122,9 @@ def test_fast_encoders_read_the_written_utf8(name):
     ref = Tokenizer.from_file(str(path))
     fast = fastokens.Tokenizer.from_file(str(path))
     fast.enable_segment_cache(0)
-    for text in texts()[::3]:
+    # a third of the texts, up to 320K characters (a write's length past a few vector steps
+    # changes nothing the encoder reads; the 1-5M-character corpus files cost ~15 s here)
+    for text in [t for t in texts()[::3] if len(t) <= 320_000]:
         s = fresh(text)
         try:
             want = ref.encode(fresh(text), add_special_tokens=False).ids

@@ -46,10 +46,11 @@ from dtok.pool.records import PoolError, Request, Task, key_bytes
 from dtok.pool.scheduler import Estimator, Queues
 from dtok.pool.shared_sessions import PoolSession, SessionTable
 from dtok.pool.supervision import Supervision, pss_mb
+from dtok.pool.worker import write_turn
 from dtok.pool.zygote_client import Resources, ZygoteClient
 from dtok.repair import Anchors
 from dtok.sessions import (LOOKUP_MIN_CHARS, LOOP_CHARS, ContentIndex, alignment_budget,
-                           is_continuation, scoped_key)
+                           is_continuation, plan_fits, scoped_key)
 from dtok.tokenizer import Tokenizer
 from dtok_ext.align import common_prefix
 from dtok_ext.buffers import IdBuffer
@@ -178,7 +179,7 @@ class Pool(Supervision):
                             lookup_hits=0, session_hits=0,
                             session_repairs=0, session_edits=0, session_inits=0,
                             plan_failures=0, failovers=0, timeouts=0, worker_deaths=0,
-                            replacements=0, errors=0, in_process=0, shm_full=0)
+                            replacements=0, errors=0, in_process=0, shm_full=0, loop_turns=0)
         self._res = Resources(self.prefix)
         self._finalizer = weakref.finalize(self, self._res.release)
         self._threads: list[threading.Thread] = []
@@ -237,7 +238,8 @@ class Pool(Supervision):
         Only a keyed session's next turn may be planned on the loop itself (one thread hop
         less), where its alignment stays within the work an in-process answer of
         ``loop_chars`` characters may do on a loop (``DTOK_LOOP_CHARS`` in the engine hooks;
-        0: never)."""
+        0: never); and where its encoding, too, is at most ``loop_chars`` characters, it is
+        answered there, without a worker's round trip, as an in-process answer would be."""
         return await self._submit_off_loop(text, session, add_special_tokens, False, scope,
                                            loop_chars)
 
@@ -254,9 +256,10 @@ class Pool(Supervision):
         # loop's future: the loop wakes once, for the answer (not also when it was sent).
         loop = asyncio.get_running_loop()
         answer = loop.create_future()
-        req = self._submit_on_loop(text, session, add_special, want_list, scope,
-                                   alignment_budget(loop_chars))
+        req = self._submit_on_loop(text, session, add_special, want_list, scope, loop_chars)
         if req is not None:
+            if req.future.done():  # answered on the loop
+                return req.future.result()
             req.future.add_done_callback(lambda f: _to_loop(loop, answer, f, None))
             return await answer
 
@@ -274,13 +277,17 @@ class Pool(Supervision):
         self._submitter.submit(submit)
         return await answer
 
-    def _submit_on_loop(self, text, session, add_special, want_list, scope, plan_work: int
+    def _submit_on_loop(self, text, session, add_special, want_list, scope, loop_chars: int
                         ) -> Request | None:
         """A keyed session's next turn, submitted from the caller's thread (an event loop)
         where that is quick and keeps the calls' order: the session holds a text, the pool's
         lock is free, no earlier call waits in the submit thread, and (the session idle) its
-        plan, made here, stays within ``plan_work`` characters of alignment and reuses
-        something. Else None, and nothing changed: the submit thread plans it in full."""
+        plan, made here, stays within the alignment work of ``loop_chars`` characters
+        (:func:`dtok.sessions.alignment_budget`) and reuses something. Such a turn whose
+        encoding, too, fits ``loop_chars`` is answered here, as an in-process answer on a loop
+        would be (:meth:`_answer_on_loop`: no worker's round trip, ~0.3 ms); a longer one goes
+        to a worker. Else None, and nothing changed: the submit thread plans it in full."""
+        plan_work = alignment_budget(loop_chars)
         if (session is None or plan_work <= 0 or self._submitting or type(text) is not str
                 or type(add_special) is not bool or self._closed):
             return None
@@ -300,12 +307,45 @@ class Pool(Supervision):
             req = Request(text, add_special, "session", want_list)
             self._counts["requests"] += 1
             req.pool_session = pool_session
+            if plan is not None and plan.kind != "hit" \
+                    and plan_fits(self.tokenizer.pieces, plan, loop_chars):
+                if self._answer_on_loop(pool_session, req, plan):
+                    return req
+                plan = None  # (rare) planned again: the session may have been reset
             pool_session.queue.append(req)
             self._start_session_request(pool_session, plan)
             self._assign()
             return req
         finally:
             self._lock.release()
+
+    def _answer_on_loop(self, pool_session: PoolSession, req: Request, plan) -> bool:
+        """Write an idle session's turn here (the lock held) with this process's encoders,
+        as a worker would (:func:`dtok.pool.worker.write_turn`), and answer ``req``. False
+        where that failed (no shared memory, a failed plan, an encoder's error), the session
+        as it was (reset if its IDs were being written in place): a worker does it then, or
+        the in-process route answers what the reference answers."""
+        bound, old_n = self._turn_bound(pool_session, plan)
+        try:
+            target = self.sessions.target(pool_session, plan, bound)
+        except shm.ShmFull:
+            return False
+        old_map = self.sessions.segment_map(pool_session, target.old_gen) \
+            if target.old_gen else None
+        try:
+            outcome, keep, n_body = write_turn(plan, self.tokenizer.pieces, old_map,
+                                               self.sessions.segment_map(pool_session, target.gen),
+                                               old_n, target.valid)
+        except Exception:  # noqa: BLE001 - a worker's turn decides (and fails over)
+            if target.gen == target.old_gen:  # in place: its IDs may be half written
+                self.sessions.reset(pool_session)
+            else:
+                self.sessions.drop_pending(pool_session, target.gen)
+            return False
+        self._counts["loop_turns"] += 1
+        self._turn_done(pool_session, req, plan, target, n_body,
+                        (outcome.resolved, outcome.counts), keep, None)
+        return True
 
     def _wait(self, req: Request):
         """A synchronous caller waits for its tasks that went to workers from its own thread on
@@ -552,11 +592,16 @@ class Pool(Supervision):
             self._push_task(task)
             return
 
-    def _session_task(self, pool_session: PoolSession, req: Request, plan) -> Task:
-        table, joined = P.plan_table(plan)
+    def _turn_bound(self, pool_session: PoolSession, plan) -> tuple[int, int]:
+        """(the most IDs a session's turn by ``plan`` may have, its current body's length: 0
+        when the plan reuses nothing)."""
         fresh = sum(utf8_length(t) for t in plan.texts)
         old_n = pool_session.n_body if plan.kind != "encode" else 0
-        bound = P.max_ids(fresh, len(self._prefix_ids) + len(self._suffix_ids)) + old_n
+        return P.max_ids(fresh, len(self._prefix_ids) + len(self._suffix_ids)) + old_n, old_n
+
+    def _session_task(self, pool_session: PoolSession, req: Request, plan) -> Task:
+        table, joined = P.plan_table(plan)
+        bound, old_n = self._turn_bound(pool_session, plan)
         task = Task(P.OP_SESSION, "init" if plan.kind == "encode" else "append", req, joined,
                     self.estimator.weight(joined))
         task.plan, task.table, task.pool_session, task.old_n_body = plan, table, pool_session, old_n
@@ -649,20 +694,29 @@ class Pool(Supervision):
                 return
             self.queues.push(ch.index, retry, time.monotonic())
             return
-        resolved, counts = ch.report()
-        anchors = self.tokenizer.planner.anchors_after(task.plan, resolved, counts,
-                                                       pool_session.anchors)
-        if pool_session.known_by != ch.index:  # re-homed (a worker died): the last may unmap it
+        self._turn_done(pool_session, req, task.plan, task.target, c.n_ids, ch.report(), c.keep,
+                        ch.index)
+
+    def _turn_done(self, pool_session: PoolSession, req: Request, plan, target, n_body: int,
+                   report: tuple[list, list], keep: int, worker: int | None) -> None:
+        """A session's turn written (by ``worker``; None: by this process, whose mappings
+        change nothing for the workers): it becomes the session's state and answers ``req``;
+        the session's next request starts. ``report``: the turn's (resolved stretches, counts
+        of IDs per encoded text), as :func:`dtok.pool.protocol.report` carries them."""
+        anchors = self.tokenizer.planner.anchors_after(plan, *report, pool_session.anchors)
+        if worker is None:
+            worker = pool_session.known_by
+        elif pool_session.known_by != worker:  # re-homed (a worker died): the last may unmap it
             self._unmap_on(pool_session, pool_session.known_by)
-        self.sessions.accept(pool_session, task.target.gen, task.target.capacity, req.text, c.n_ids,
-                             anchors, ch.index, c.keep)
+        self.sessions.accept(pool_session, target.gen, target.capacity, req.text, n_body,
+                             anchors, worker, keep)
         if pool_session.content:
             self.index.remove(pool_session)
             self.index.add(pool_session, req.keys)
         kind = {"encode": "session_inits", "append": "session_repairs",
-                "edit": "session_edits"}[task.plan.kind]
+                "edit": "session_edits"}[plan.kind]
         self._counts[kind] += 1
-        self._resolve_session(req, pool_session, c.keep if task.plan.kind != "encode" else 0)
+        self._resolve_session(req, pool_session, keep if plan.kind != "encode" else 0)
         pool_session.inflight = None
         self._start_session_request(pool_session)
         for victim in self.sessions.victims():

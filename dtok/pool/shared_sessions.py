@@ -164,6 +164,13 @@ class SessionTable:
         self._pending[(session.sid, session.last_gen)] = seg
         return seg
 
+    def segment_map(self, session: PoolSession, gen: int):
+        """The mapping of a session's segment ``gen``: its current one, or one a turn is
+        being written into (:meth:`target`)."""
+        if gen == session.gen and session.seg is not None:
+            return session.seg.map
+        return self._pending[(session.sid, gen)].map
+
     def drop_spares(self) -> int:
         """Retire every session's spare (shared memory ran short); how many there were."""
         n = 0

@@ -47,7 +47,6 @@ class Worker:
         self.result: Segment | None = None
         self.result_gen = -1
         self.segments: dict[int, dict[int, Segment]] = {}  # sid -> {gen: mapping}
-        self.n_prefix = len(tok.pieces.prefix)
 
     # --- segments -------------------------------------------------------------------------
 
@@ -190,39 +189,51 @@ class Worker:
         raise ValueError(f"unknown operation {op}")
 
     def _session(self, plan) -> int:
-        """Execute a session's plan: the new IDs into the segment the front end chose (the
-        current one, in place, only when nothing but new IDs follow the kept ones; else one
-        whose first ``dst_valid`` IDs already equal the current ones, so only the rest of the
-        kept prefix is copied)."""
+        """Execute a session's plan into the segment the front end chose (:func:`write_turn`)."""
         c = self.control
-        sid, p = c.session_id, self.n_prefix
+        sid = c.session_id
         old = self._mapping(sid, c.old_seg_gen) if c.old_seg_gen else None
         dst = old if c.seg_gen == c.old_seg_gen else self._mapping(sid, c.seg_gen)
-        old_body = (memoryview(old.map)[4 * p : 4 * (p + c.n_body)].cast("i")
-                    if old is not None else None)
-        outcome = None
-        try:
-            outcome = execute(plan, self.pieces.encode_texts, old_body)
-            keep = p + outcome.keep
-            if dst is not old:
-                if old is not None:
-                    valid = min(c.dst_valid, keep)
-                    copy_ids(old.map, valid, dst.map, valid, keep - valid)
-                else:
-                    write_ids(dst.map, 0, [self.pieces.prefix])
-            n = write_ids(dst.map, keep, [*outcome.tail, self.pieces.suffix])
-        finally:
-            if outcome is not None:
-                outcome.tail.clear()
-            if old_body is not None:
-                old_body.release()
+        old_map = None if old is None else old.map
+        outcome, keep, n_body = write_turn(plan, self.pieces, old_map, dst.map, c.n_body,
+                                           c.dst_valid)
         self._cache(sid, {c.seg_gen: dst} if old is None else {c.seg_gen: dst, c.old_seg_gen: old})
-        c.n_ids = keep - p + n - len(self.pieces.suffix)
+        c.n_ids = n_body
         c.keep = keep
         words = P.report(outcome)
         c.report_words = len(words)
         memoryview(self._result())[: 8 * len(words)] = words.tobytes()
         return P.ST_OK
+
+
+def write_turn(plan, pieces, old_map, dst_map, n_body: int, dst_valid: int):
+    """Execute a session's plan and write its IDs into ``dst_map``: the current segment
+    ``old_map`` itself (in place) only when nothing but new IDs follow the kept ones; else one
+    whose first ``dst_valid`` IDs already equal the current ones, so only the rest of the kept
+    prefix is copied. ``n_body``: the current IDs without the post-processor's. Returns (the
+    outcome, its tail released; the leading IDs kept, prefix included; the new body's length).
+    A worker does this for every session task; the front end, for a turn it answers on its
+    event loop (:meth:`dtok.Pool.encode_async`)."""
+    p = len(pieces.prefix)
+    old_body = memoryview(old_map)[4 * p : 4 * (p + n_body)].cast("i") \
+        if old_map is not None else None
+    outcome = None
+    try:
+        outcome = execute(plan, pieces.encode_texts, old_body)
+        keep = p + outcome.keep
+        if dst_map is not old_map:
+            if old_map is not None:
+                valid = min(dst_valid, keep)
+                copy_ids(old_map, valid, dst_map, valid, keep - valid)
+            else:
+                write_ids(dst_map, 0, [pieces.prefix])
+        n = write_ids(dst_map, keep, [*outcome.tail, pieces.suffix])
+    finally:
+        if outcome is not None:
+            outcome.tail.clear()
+        if old_body is not None:
+            old_body.release()
+    return outcome, keep, keep - p + n - len(pieces.suffix)
 
 
 def main(tok, prefix: str, index: int, title: str, spin_us: int, nice: int) -> None:
