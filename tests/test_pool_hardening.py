@@ -212,7 +212,7 @@ def test_a_sessions_short_turns_are_answered_on_the_loop():
                     out.append((text, ids))
                     if i % 3 == 0:
                         held.append((text, ids))  # a list held: updated only where unheld
-                await asyncio.sleep(0.002)
+                await asyncio.sleep(0.01)  # the next turn comes later
             with pytest.raises(type(refused.value)):
                 await pool.encode_list_async(text + "\ud800", **call)
             text += " after the refusal"
@@ -238,6 +238,36 @@ def test_a_sessions_short_turns_are_answered_on_the_loop():
         assert loop_turns() == on_loop  # the control: none on the loop
         for (t, ids), want in zip(control, ref_ids_many(tok, [t for t, _ in control])):
             assert list(ids) == want, len(t)
+
+
+def test_unkeyed_short_turns_are_answered_on_the_loop():
+    """Without a key, an awaited transcript's next turn continues the pool session content
+    lookup finds and is answered on the loop as a keyed one is; another conversation sharing
+    only a short prefix is not (it starts a session of its own on a worker); exact every turn."""
+    tok = load_tokenizer("qwen3")
+    src = read_text("prose", "gutenberg-2701_moby-dick.txt")
+    with Pool(tok, workers=1, name="unkeyedloop") as pool:
+        async def main():
+            text = src[:40_000]
+            out = [(text, await pool.encode_list_async(text))]
+            for i in range(8):
+                # the next turn comes later (the model answers): the dispatcher that answered
+                # the last worker's turn has let the pool's lock go (a loop never waits for it)
+                await asyncio.sleep(0.02)
+                text += f" turn {i} " + src[60_000 + i * 700 : 60_500 + i * 700]
+                out.append((text, await pool.encode_list_async(text)))
+            counts = pool.stats()
+            fork = src[:5_000] + src[300_000:340_000]
+            out.append((fork, await pool.encode_list_async(fork)))
+            return out, counts
+
+        out, counts = asyncio.run(main())
+        s = pool.stats()
+    for (t, ids), want in zip(out, ref_ids_many(tok, [t for t, _ in out])):
+        assert ids == want, len(t)
+    # (a turn that found the lock held went to a worker: exact too)
+    assert counts["lookup_hits"] == 8 and counts["loop_turns"] >= 6, counts
+    assert s["loop_turns"] == counts["loop_turns"] and s["session_inits"] == 2, s
 
 
 def test_encode_async_raises_what_the_call_raises_and_survives_cancellation():

@@ -279,22 +279,26 @@ class Pool(Supervision):
 
     def _submit_on_loop(self, text, session, add_special, want_list, scope, loop_chars: int
                         ) -> Request | None:
-        """A keyed session's next turn, submitted from the caller's thread (an event loop)
-        where that is quick and keeps the calls' order: the session holds a text, the pool's
-        lock is free, no earlier call waits in the submit thread, and (the session idle) its
-        plan, made here, stays within the alignment work of ``loop_chars`` characters
-        (:func:`dtok.sessions.alignment_budget`) and reuses something. Such a turn whose
-        encoding, too, fits ``loop_chars`` is answered here, as an in-process answer on a loop
-        would be (:meth:`_answer_on_loop`: no worker's round trip, ~0.3 ms); a longer one goes
-        to a worker. Else None, and nothing changed: the submit thread plans it in full."""
+        """A session's next turn, submitted from the caller's thread (an event loop) where
+        that is quick and keeps the calls' order: the session (keyed, or the one content lookup
+        finds an unkeyed text continuing) holds a text, the pool's lock is free, no earlier call
+        waits in the submit thread, and (the session idle) its plan, made here, stays within
+        the alignment work of ``loop_chars`` characters (:func:`dtok.sessions.alignment_budget`)
+        and reuses something. Such a turn whose encoding, too, fits ``loop_chars`` is answered
+        here, as an in-process answer on a loop would be (:meth:`_answer_on_loop`: no worker's
+        round trip, ~0.3 ms); a longer keyed one goes to a worker. Else None, and nothing
+        changed: the submit thread plans it in full (an unkeyed text: looks it up again)."""
         plan_work = alignment_budget(loop_chars)
-        if (session is None or plan_work <= 0 or self._submitting or type(text) is not str
-                or type(add_special) is not bool or self._closed):
+        unkeyed = session is None
+        if (plan_work <= 0 or self._submitting or type(text) is not str
+                or type(add_special) is not bool or self._closed
+                or unkeyed and not (self.content_lookup and len(text) >= LOOKUP_MIN_CHARS)):
             return None
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            pool_session = self.sessions.find(scoped_key(session, scope))
+            pool_session, keys = self._continued(text, scope) if unkeyed else \
+                (self.sessions.find(scoped_key(session, scope)), None)
             if pool_session is None or pool_session.text is None or self._closed \
                     or not any(ch.alive for ch in self._channels):
                 return None
@@ -304,11 +308,18 @@ class Pool(Supervision):
                                                    text, edit_budget=plan_work)
                 if plan.kind == "encode" or plan.work - plan.prefix_len > plan_work:
                     return None  # nothing reused, or the alignment stopped early
-            req = Request(text, add_special, "session", want_list)
+            on_loop = plan is not None and plan.kind != "hit" \
+                and plan_fits(self.tokenizer.pieces, plan, loop_chars)
+            if unkeyed and not on_loop:
+                return None  # a worker's (the submit thread's lookup), or no work at all
+            req = Request(text, add_special, "stateless" if unkeyed else "session", want_list)
             self._counts["requests"] += 1
+            if unkeyed:  # content lookup found the session (as _lookup counts it)
+                self._counts["lookups"] += 1
+                self._counts["lookup_hits"] += 1
+                req.keys = keys
             req.pool_session = pool_session
-            if plan is not None and plan.kind != "hit" \
-                    and plan_fits(self.tokenizer.pieces, plan, loop_chars):
+            if on_loop:
                 if self._answer_on_loop(pool_session, req, plan):
                     return req
                 plan = None  # (rare) planned again: the session may have been reset
@@ -525,13 +536,20 @@ class Pool(Supervision):
         a prefix — or None (a fork sharing a shorter prefix, two conversations with one system
         prompt, leaves the stored one as it is); only texts stored under ``scope``."""
         self._counts["lookups"] += 1
-        found, req.keys = self.index.find(req.text, scope)
+        found, req.keys = self._continued(req.text, scope)
+        if found is not None:
+            self._counts["lookup_hits"] += 1
+        return found
+
+    def _continued(self, text: str, scope) -> tuple[PoolSession | None, tuple]:
+        """(the idle session an unkeyed ``text`` continues, or None; the text's keys in the
+        content index): :meth:`_lookup`'s rule, without its counters."""
+        found, keys = self.index.find(text, scope)
         if (found is not None and found.text is not None and found.inflight is None
                 and not found.queue
-                and is_continuation(common_prefix(found.text, req.text), len(found.text))):
-            self._counts["lookup_hits"] += 1
-            return found
-        return None
+                and is_continuation(common_prefix(found.text, text), len(found.text))):
+            return found, keys
+        return None, keys
 
     def _new_content_session(self) -> PoolSession:
         for victim in self.sessions.victims(content_limit=self._lookup_entries - 1):
