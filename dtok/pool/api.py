@@ -235,11 +235,12 @@ class Pool(Supervision):
         """:meth:`encode` for an event loop: the loop waits neither behind an encode nor behind
         the planning (comparing a long text with the stored one, cutting a long document:
         milliseconds), which runs on the pool's submit thread, in the order of the calls.
-        Only a keyed session's next turn may be planned on the loop itself (one thread hop
-        less), where its alignment stays within the work an in-process answer of
-        ``loop_chars`` characters may do on a loop (``DTOK_LOOP_CHARS`` in the engine hooks;
-        0: never); and where its encoding, too, is at most ``loop_chars`` characters, it is
-        answered there, without a worker's round trip, as an in-process answer would be."""
+        Only a session's next turn (keyed, or an unkeyed text content lookup finds continuing
+        a stored one) may be planned on the loop itself (one thread hop less), where its
+        alignment stays within the work an in-process answer of ``loop_chars`` characters may
+        do on a loop (``DTOK_LOOP_CHARS`` in the engine hooks; 0: never); and where its
+        encoding, too, is at most ``loop_chars`` characters, it is answered there, without a
+        worker's round trip, as an in-process answer would be."""
         return await self._submit_off_loop(text, session, add_special_tokens, False, scope,
                                            loop_chars)
 
@@ -314,9 +315,8 @@ class Pool(Supervision):
                 return None  # a worker's (the submit thread's lookup), or no work at all
             req = Request(text, add_special, "stateless" if unkeyed else "session", want_list)
             self._counts["requests"] += 1
-            if unkeyed:  # content lookup found the session (as _lookup counts it)
-                self._counts["lookups"] += 1
-                self._counts["lookup_hits"] += 1
+            if unkeyed:  # content lookup found the session
+                self._count_lookup(pool_session)
                 req.keys = keys
             req.pool_session = pool_session
             if on_loop:
@@ -535,11 +535,14 @@ class Pool(Supervision):
         the stored text found, when it is idle and the new text shares at least half of it as
         a prefix — or None (a fork sharing a shorter prefix, two conversations with one system
         prompt, leaves the stored one as it is); only texts stored under ``scope``."""
-        self._counts["lookups"] += 1
         found, req.keys = self._continued(req.text, scope)
+        self._count_lookup(found)
+        return found
+
+    def _count_lookup(self, found: PoolSession | None) -> None:
+        self._counts["lookups"] += 1
         if found is not None:
             self._counts["lookup_hits"] += 1
-        return found
 
     def _continued(self, text: str, scope) -> tuple[PoolSession | None, tuple]:
         """(the idle session an unkeyed ``text`` continues, or None; the text's keys in the
