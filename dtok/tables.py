@@ -4,8 +4,9 @@ Byte layout (see ``dtok_ext/cuts.pxd``): bits 0-5 the family's character class (
 surrogate, or a class the stored transition set does not know, never cut next to), bit 6 the NFC
 anchor flag, bit 7 the fast encoder's guard: here the code points the reference's regex engine
 treats as unassigned (``\\p{Cn}``) and the surrogates, where a fast encoder with other Unicode
-data would most likely disagree; :mod:`dtok.guards` adds, per tokenizer file, every code point
-where a probe found the fast encoder disagreeing with the reference.
+data would most likely disagree (not the noncharacters: see ``NONCHARACTERS``);
+:mod:`dtok.guards` adds, per tokenizer file, every code point where a probe found the fast
+encoder disagreeing with the reference.
 
 Tables depend on the installed ``tokenizers`` (its regex engine's and normalizer's Unicode data),
 so they are stored keyed by its version. A table built for another version is never used: the
@@ -26,7 +27,7 @@ from dtok.families import ACCEPTED, CLASSES, FAMILIES, TABLES_DIR, Family
 from dtok.logs import logger
 
 
-SCHEMA = 2
+SCHEMA = 3  # 3: noncharacters are no longer guard characters
 N_CODEPOINTS = 0x110000
 CLASS_MASK = 0x3F
 NFC_ANCHOR = 0x40
@@ -36,6 +37,14 @@ BLOCK = 0  # class id 0
 BUNDLED_DIR = TABLES_DIR
 UNASSIGNED = r"\p{Cn}"
 _SURROGATES = slice(0xD800, 0xE000)
+# The 66 noncharacters are unassigned in every Unicode version and stay so (Unicode's stability
+# policy), with default properties, so no fast encoder's Unicode data can class them otherwise:
+# the unassigned guard (other versions' data) does not need them. Each is still probed per file
+# like every code point (dtok.guards). U+FFFE in naughty-strings text sent 1M-character documents
+# to the reference's stretch route: 12-17% over fastokens alone, for one character.
+NONCHARACTERS = (*range(0xFDD0, 0xFDF0),
+                 *(plane + last for plane in range(0, N_CODEPOINTS, 0x10000)
+                   for last in (0xFFFE, 0xFFFF)))
 _PROBE_BLOCK = 8192  # the reference's Split is much faster on short strings than on one long one
 
 
@@ -163,6 +172,7 @@ def build_table(family: Family, classes: list[str], anchor: np.ndarray | None = 
     if UNASSIGNED not in masks:
         masks[UNASSIGNED] = probe_atom(UNASSIGNED)
     table[masks[UNASSIGNED]] |= FAST_GUARD
+    table[list(NONCHARACTERS)] &= ~FAST_GUARD & 0xFF
     table[_SURROGATES] |= FAST_GUARD
     return table.tobytes(), unknown
 

@@ -44,6 +44,7 @@ FRAGMENTS = [
     "_", "-", "+", "*", "\\", '"', "`", "/", "//", "@",
     # controls, unassigned, supplementary planes
     "\x00", "\x01", "\x7f", "\U00010000", "\U0001f600", "\U000e0001", "\U00050000",
+    "\ufffe", "\ufdd0", "\U0010ffff",  # noncharacters: no guard characters
 ]
 
 CORPUS_WINDOWS = [

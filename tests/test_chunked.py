@@ -120,7 +120,8 @@ def test_each_thread_routes_its_own_run_of_chunks(name):
     too): the IDs are the reference's, and more than one thread did the routing."""
     import threading
 
-    naughty = read_text("adversarial", "blns_big-list-of-naughty-strings.txt")  # guard characters
+    naughty = read_text("adversarial", "blns_big-list-of-naughty-strings.txt") \
+        + " x\u0378y "  # U+0378: unassigned, a guard character
     many = LONG["multilingual"]()
     text = "".join(many[i * 50_000 : (i + 1) * 50_000] + naughty for i in range(4))
     tok = load_tokenizer(name, threads=3, chunk_target=16384)

@@ -121,6 +121,30 @@ def test_unassigned_code_point_is_guarded():
     assert tok.explain("abc def")["chunk_routes"] == ["fast"]
 
 
+@pytest.mark.parametrize("name", MAIN_FILES)
+def test_noncharacters_are_not_guarded_and_encode_exactly(name):
+    """The 66 noncharacters are not guard characters (``dtok.tables.NONCHARACTERS``: no Unicode
+    version assigns them), while another unassigned code point and the surrogates are; text
+    holding them, in every context of the guard probes and in the naughty-strings file
+    (U+FFFE), goes to the fast encoder whole and comes out as the reference's IDs."""
+    from dtok.tables import FAST_GUARD, NONCHARACTERS
+
+    assert len(set(NONCHARACTERS)) == 66
+    tok = fast_tok(name)
+    table = dtok.tables.load(FAMILY[name]).table
+    assert not any(table[c] & FAST_GUARD for c in NONCHARACTERS)
+    assert table[0x378] & FAST_GUARD and table[0xDFFF] & FAST_GUARD
+    probes = "\n".join(ctx.format(c=chr(c)) for c in NONCHARACTERS for ctx in guards.CONTEXTS)
+    naughty = read_text("adversarial", "blns_big-list-of-naughty-strings.txt")
+    assert "\ufffe" in naughty
+    for text in (probes, naughty, probes + naughty[:5000]):
+        assert set(tok.explain(text)["chunk_routes"]) == {"fast"}
+        assert list(tok.encode(text)) == ref_ids(tok, text)
+    for c in NONCHARACTERS[::5]:
+        text = f"x{chr(c)}y {chr(c)}{chr(c)} 1{chr(c)}"
+        assert list(tok.encode(text)) == ref_ids(tok, text)
+
+
 def test_nfc_text_with_marks_stays_fast():
     tok = nfc_checked(fast_tok("qwen3"))
     # NFC Devanagari and Thai, full of combining vowel signs: the NFC check passes them
