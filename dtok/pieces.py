@@ -377,7 +377,7 @@ class PieceEncoder:
         closer than COALESCE_GAP characters are merged (one piece instead of three)."""
         _, rules, nfc_by_fast = self.main if lane is None else lane
         check_nfc = rules.nfc and not nfc_by_fast
-        route, at = rules.route(piece, nfc=check_nfc)
+        route, at = rules.route(piece, nfc=check_nfc, utf8=True)  # its UTF-8 if all fast
         literal = self.literal_spans(piece)
         uncut = self.cut_free_stretches(piece, rules)
         if route == ROUTE_FAST and not literal and not uncut:
@@ -416,7 +416,7 @@ class PieceEncoder:
         """Whether ``lane``'s fast encoder may encode all of ``text``: no guard character, no
         text NFC would change (unless its NFC is proven), no special-token text taken
         literally, no over-long cut-free stretch."""
-        return (lane.rules.route(text, nfc=not lane.nfc_by_fast)[0] == ROUTE_FAST
+        return (lane.rules.route(text, nfc=not lane.nfc_by_fast, utf8=True)[0] == ROUTE_FAST
                 and not self.literal_spans(text) and not self.cut_free_stretches(text, lane.rules))
 
     def cut_free_stretches(self, piece: str, rules: CutRules) -> list[tuple[int, int]]:

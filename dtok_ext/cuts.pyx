@@ -17,6 +17,7 @@ The argument for each family's transition set is in :mod:`dtok.families`.
 from cpython cimport array
 import array
 
+from dtok_ext.utf8 cimport cache_utf8_if_clean
 from dtok_ext.unicode_text cimport Py_UCS1, Py_UCS2, UText, uread, utext_of
 from dtok_ext.specials cimport SpecialMatcher
 
@@ -360,11 +361,14 @@ cdef class CutRules:
 
     # Routing for the fast encoder: may a piece of text go to it, or must it go to the reference?
 
-    def route(self, str text not None, Py_ssize_t start=0, end=None, nfc=None):
+    def route(self, str text not None, Py_ssize_t start=0, end=None, nfc=None, utf8=False):
         """(ROUTE_FAST, -1) when text[start:end] may go to the fast encoder; (ROUTE_GUARD, i) when
         text[i] is a guard character; (ROUTE_NFC, i) when text[i] is not an NFC anchor (NFC files: call nfc_windows and
         check that the reference normalizer leaves them unchanged). ``nfc=False`` skips the NFC
         part (the file's guard table proves the fast encoder normalizes as the reference does).
+        ``utf8``: the whole text is about to go to an encoder if it routes fast; then its UTF-8
+        is written in the same pass (``dtok_ext.utf8.cache_utf8_if_clean``) instead of by the
+        encoder's call after this scan (1M characters of four-byte text: ~0.3 ms less).
 
         An ASCII text, when the 128 ASCII characters are all clean, costs O(1); otherwise one
         pass over the string's own buffer, one loop per PEP 393 width, without the GIL."""
@@ -382,6 +386,9 @@ cdef class CutRules:
         cdef const _Clean* clean = &self.clean[1 if need else 0]
         if PyUnicode_IS_ASCII(text) and clean.below >= 128:
             return ROUTE_FAST, -1
+        if utf8 and start == 0 and stop == t.length and clean.below >= 128 \
+                and cache_utf8_if_clean(text, self.table, FAST_GUARD, need):
+            return ROUTE_FAST, -1  # else nothing was written: the scan finds why
         with nogil:
             i = _first_flagged(self.table, clean, &t, start, stop, need)
             if i >= 0 and not (self.table[uread(&t, i)] & FAST_GUARD):

@@ -496,6 +496,39 @@ def test_route_scan_matches_a_plain_loop(name):
         assert rules.guard_spans(text, start, end) == merged
 
 
+@pytest.mark.parametrize("name", ["qwen3", "llama3"])
+def test_route_writing_utf8_answers_as_the_scan(name):
+    """``route(utf8=True)`` gives the scan's answer, and leaves on the str exactly CPython's
+    UTF-8 when the text routes fast and nothing otherwise: strings of each PEP 393 width over
+    the UTF-8 writer's threshold, a guard character or (NFC checked) a non-anchor at every
+    place of a vector step, at the ends, in the last 16 characters."""
+    from dtok_ext.cuts import ROUTE_FAST
+    from dtok_ext.utf8 import MIN_CHARS, available, cache_utf8
+
+    if not available():
+        pytest.skip("this interpreter's build or allocators decline to write UTF-8")
+    rules = fast_tok(name).rules
+    n = MIN_CHARS + 37
+    fast_seen = other_seen = 0
+    for base in ("plain text, caf\u00e9 ", "\u201cquoted\u201d \u0101 ", "emoji \U0001f600 "):
+        body = (base * n)[:n]
+        for bad in (None, "\u0378", "\u0301", "\ud800", "\U000e01f0"):
+            for at in ((0,) if bad is None else (0, 1, 15, 16, 17, 31, n // 2, n - 17, n - 1)):
+                text = body if bad is None else body[:at] + bad + body[at + 1:]
+                for nfc in (None, False):
+                    want = rules.route((text + " ")[:-1], nfc=nfc)
+                    s = (text + " ")[:-1]
+                    assert rules.route(s, nfc=nfc, utf8=True) == want, (base, bad, at, nfc)
+                    if want[0] == ROUTE_FAST:
+                        fast_seen += 1
+                        assert not cache_utf8(s)  # it holds its UTF-8 already
+                        assert s.encode("utf-8") == text.encode("utf-8")
+                    else:
+                        other_seen += 1
+                        assert cache_utf8(s) != ("\ud800" in text)  # nothing was left on it
+    assert fast_seen >= 6 and other_seen >= 50
+
+
 # --- gigatoken: the second fast encoder behind its own guards --------------------------------
 
 def _need_gigatoken():
