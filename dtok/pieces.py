@@ -243,12 +243,12 @@ class PieceEncoder:
         for i, piece in enumerate(pieces):
             k = 1 if len(lanes) > 1 and text_class(piece) in self.second_classes else 0
             for a, b, why in self.segments(piece, lanes[k]):
-                if why is not None and len(lanes) > 1 and self.fast_may_take(lanes[1 - k],
-                                                                             piece[a:b]):
-                    by_lane[1 - k].append((len(owner), piece[a:b]))  # the other fast encoder
+                text = piece[a:b]  # one slice: the one whose UTF-8 a route may have written
+                if why is not None and len(lanes) > 1 and self.fast_may_take(lanes[1 - k], text):
+                    by_lane[1 - k].append((len(owner), text))  # the other fast encoder
                     owner.append(i)
                     continue
-                (by_lane[k] if why is None else slow).append((len(owner), piece[a:b]))
+                (by_lane[k] if why is None else slow).append((len(owner), text))
                 owner.append(i)
         self._count(fast=len(by_lane[0]), reference=len(slow),
                     second=len(by_lane[1]) if len(lanes) > 1 else 0)
