@@ -34,8 +34,9 @@ compared (the fast encoder's IDs decoded back to text, against the reference nor
 * every Hangul L+V, LV+T and L+V+T sequence.
 
 Compositions that neither source of candidates knows could only involve code points newer than
-both; those (assigned for the reference's regex engine, unassigned for ``unicodedata``) are
-listed as ``nfc.unprobed`` and become guard characters wherever the proof is used. Anchors
+both; those (assigned for the reference's regex engine, unassigned for ``unicodedata``; not
+the noncharacters, assigned in no version) are listed as ``nfc.unprobed`` and become guard
+characters wherever the proof is used. Anchors
 (:func:`dtok.tables.nfc_anchor_mask`) are where the reference normalizer splits; nothing here
 changes the safe-cut predicate, only which encoder takes a stretch. The control
 (``tests/test_fast.py``) runs the same probes against a fastokens built from the file without
@@ -266,8 +267,9 @@ def nfc_probe_sets(table: bytes, guard: bytearray, say=lambda msg: None) -> tupl
     hangul = [l + v for l in _HANGUL_L for v in _HANGUL_V]
     hangul += [l + v + t for l in _HANGUL_L for v in _HANGUL_V for t in _HANGUL_T]
     hangul += [chr(s) + t for s in range(0xAC00, 0xD7A4, 28) for t in _HANGUL_T]
-    unprobed = [c for c in usable
-                if c >= 0x80 and unicodedata.category(chr(c)) == "Cn"]
+    never_assigned = frozenset(tables.NONCHARACTERS)  # no composition can ever involve them
+    unprobed = [c for c in usable if c >= 0x80 and unicodedata.category(chr(c)) == "Cn"
+                and c not in never_assigned]
     say(f"NFC probes: {len(pairs)} pairs of {len(non_anchor)} non-anchors, {len(comp)} "
         f"decomposition probes of {len(decomposed)} code points, {len(hangul)} Hangul; "
         f"{len(unprobed)} code points unknown to unicodedata {unicodedata.unidata_version}")
