@@ -100,10 +100,10 @@ cdef extern from *:
        need); returns the end, or NULL at a surrogate (CPython's strict encoder raises). ASCII
        goes 16 characters at a time, up to the next other character; a run of others goes one
        by one, back to the vector step at the next ASCII character (until the last 16).
-       CHECKED: also NULL at the first character c >= U+0080 whose flags[c] has a bit of
+       With `flags`: also NULL at the first character c >= U+0080 whose flags[c] has a bit of
        `refuse` or lacks one of `need` (the caller vouches for the ASCII ones), so that one
        pass both checks a text's characters and writes its UTF-8. */
-    #define DTOK_UTF8_WRITE(NAME, T, ASCII16, CHECKED)                                     \
+    #define DTOK_UTF8_WRITE(NAME, T, ASCII16)                                              \
         static char* NAME(const T* p, Py_ssize_t n, char* out, const unsigned char* flags,  \
                           unsigned char refuse, unsigned char need) {                      \
             Py_ssize_t i = 0;                                                              \
@@ -121,7 +121,7 @@ cdef extern from *:
                         if (i + 16 <= n)                                                   \
                             break;                                                         \
                         *out++ = (char)c;                                                  \
-                    } else if (CHECKED && ((flags[c] & refuse) || (flags[c] & need) != need)) { \
+                    } else if (flags && ((flags[c] & refuse) || (flags[c] & need) != need)) {  \
                         return NULL;                                                       \
                     } else if (c < 0x800u) {                                               \
                         *out++ = (char)(0xC0u | (c >> 6));                                 \
@@ -141,35 +141,20 @@ cdef extern from *:
             }                                                                              \
             return out;                                                                    \
         }
-    DTOK_UTF8_WRITE(dtok_utf8_write_1, Py_UCS1, dtok_ascii16_1, 0)
-    DTOK_UTF8_WRITE(dtok_utf8_write_2, Py_UCS2, dtok_ascii16_2, 0)
-    DTOK_UTF8_WRITE(dtok_utf8_write_4, Py_UCS4, dtok_ascii16_4, 0)
-    DTOK_UTF8_WRITE(dtok_utf8_write_checked_1, Py_UCS1, dtok_ascii16_1, 1)
-    DTOK_UTF8_WRITE(dtok_utf8_write_checked_2, Py_UCS2, dtok_ascii16_2, 1)
-    DTOK_UTF8_WRITE(dtok_utf8_write_checked_4, Py_UCS4, dtok_ascii16_4, 1)
+    DTOK_UTF8_WRITE(dtok_utf8_write_1, Py_UCS1, dtok_ascii16_1)
+    DTOK_UTF8_WRITE(dtok_utf8_write_2, Py_UCS2, dtok_ascii16_2)
+    DTOK_UTF8_WRITE(dtok_utf8_write_4, Py_UCS4, dtok_ascii16_4)
     """
     int DTOK_UTF8_CACHE_BUILD
     bint dtok_same_allocators()
     bint dtok_utf8_is_empty(object s)
     void dtok_utf8_set(object s, char* buf, Py_ssize_t n)
-    char* dtok_utf8_write_1(const Py_UCS1* p, Py_ssize_t n, char* out,
-                              const unsigned char* flags, unsigned char refuse,
-                              unsigned char need) noexcept nogil
-    char* dtok_utf8_write_2(const Py_UCS2* p, Py_ssize_t n, char* out,
-                              const unsigned char* flags, unsigned char refuse,
-                              unsigned char need) noexcept nogil
-    char* dtok_utf8_write_4(const Py_UCS4* p, Py_ssize_t n, char* out,
-                              const unsigned char* flags, unsigned char refuse,
-                              unsigned char need) noexcept nogil
-    char* dtok_utf8_write_checked_1(const Py_UCS1* p, Py_ssize_t n, char* out,
-                              const unsigned char* flags, unsigned char refuse,
-                              unsigned char need) noexcept nogil
-    char* dtok_utf8_write_checked_2(const Py_UCS2* p, Py_ssize_t n, char* out,
-                              const unsigned char* flags, unsigned char refuse,
-                              unsigned char need) noexcept nogil
-    char* dtok_utf8_write_checked_4(const Py_UCS4* p, Py_ssize_t n, char* out,
-                              const unsigned char* flags, unsigned char refuse,
-                              unsigned char need) noexcept nogil
+    char* dtok_utf8_write_1(const Py_UCS1* p, Py_ssize_t n, char* out, const unsigned char* flags,
+                            unsigned char refuse, unsigned char need) noexcept nogil
+    char* dtok_utf8_write_2(const Py_UCS2* p, Py_ssize_t n, char* out, const unsigned char* flags,
+                            unsigned char refuse, unsigned char need) noexcept nogil
+    char* dtok_utf8_write_4(const Py_UCS4* p, Py_ssize_t n, char* out, const unsigned char* flags,
+                            unsigned char refuse, unsigned char need) noexcept nogil
 
 # Below this many characters the work is CPython's own (the call costs more than it saves).
 MIN_CHARS = 4096
@@ -224,22 +209,12 @@ cdef bint _cache(str text, const unsigned char* flags=NULL, unsigned char refuse
     if buf == NULL:
         return False
     with nogil:
-        if flags == NULL:
-            if t.kind == 1:
-                end = dtok_utf8_write_1(<const Py_UCS1*>t.data, t.length, buf, NULL, 0, 0)
-            elif t.kind == 2:
-                end = dtok_utf8_write_2(<const Py_UCS2*>t.data, t.length, buf, NULL, 0, 0)
-            else:
-                end = dtok_utf8_write_4(<const Py_UCS4*>t.data, t.length, buf, NULL, 0, 0)
-        elif t.kind == 1:
-            end = dtok_utf8_write_checked_1(<const Py_UCS1*>t.data, t.length, buf, flags,
-                                            refuse, need)
+        if t.kind == 1:
+            end = dtok_utf8_write_1(<const Py_UCS1*>t.data, t.length, buf, flags, refuse, need)
         elif t.kind == 2:
-            end = dtok_utf8_write_checked_2(<const Py_UCS2*>t.data, t.length, buf, flags,
-                                            refuse, need)
+            end = dtok_utf8_write_2(<const Py_UCS2*>t.data, t.length, buf, flags, refuse, need)
         else:
-            end = dtok_utf8_write_checked_4(<const Py_UCS4*>t.data, t.length, buf, flags,
-                                            refuse, need)
+            end = dtok_utf8_write_4(<const Py_UCS4*>t.data, t.length, buf, flags, refuse, need)
     if end == NULL or not dtok_utf8_is_empty(text):
         # a surrogate (CPython raises, and the encoder reports it), a flagged character, or
         # another thread's encoder made the UTF-8 meanwhile
