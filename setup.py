@@ -2,7 +2,7 @@
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-MODULES = ["specials", "cuts", "align", "buffers", "heap", "shm", "outline", "utf8"]
+MODULES = ["specials", "cuts", "align", "buffers", "heap", "shm", "outline", "utf8", "cpus"]
 
 extensions = [
     Extension(f"dtok_ext.{name}", [f"dtok_ext/{name}.pyx"], extra_compile_args=["-O3"])

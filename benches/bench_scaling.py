@@ -8,7 +8,7 @@ A text cut at safe cuts is encoded on several threads (docs/encoders.md, "Thread
 2-vCPU development machine that can show little. This measures it where there are more cores:
 for each tokenizer, text kind and size, distinct documents (every call on a fresh copy, after
 ``--pause-ms``) are encoded by dtok with an explicit ``threads=N`` for each N, dtok with its
-default threads (the usable CPUs, shared out as the threads come free), fastokens alone and
+default threads (the usable CPUs, where the split pays), fastokens alone and
 gigatoken alone (each with its own threads: fastokens' BPE threads, one per CPU by default,
 gigatoken's own), each its own instance, in a balanced rotation. dtok's runs are in a process
 with ``FASTOKENS_BPE_THREADS=1`` (dtok divides the work itself, docs/encoders.md), the

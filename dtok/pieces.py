@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +21,7 @@ from dtok_ext.buffers import IdBuffer, ids_from_list
 from dtok_ext.cuts import ROUTE_FAST, ROUTE_GUARD, CutRules
 
 if TYPE_CHECKING:
-    from concurrent.futures import ThreadPoolExecutor
+    from dtok.encode_threads import EncodeThreads
 
 __all__ = ["PieceEncoder", "text_class", "available_cpus", "affixed_view"]
 
@@ -47,11 +46,13 @@ LONGEST_FAST_PIECE = 1 << 20
 CLASS_RUNS, CLASS_RUN = 16, 256
 # With the threads left to dtok (knob ``threads=None``), work is shared out among threads only
 # where the split is expected to save at least this much of it, in characters of Latin text on
-# a fast encoder (~5 ms of fastokens): on the 2-vCPU KVM guest dtok is measured on, for 3-6 ms
-# after an idle spell the two vCPUs share one core, so with requests spaced out a split of 1M
-# Latin characters (~4 ms) cost 1.07-1.12x one thread's time and of 500K multilingual ones
-# (~10 ms) 1.08x, while 1M multilingual characters (0.87x) and 4M Latin ones (0.67x) gained.
-# An explicit ``threads`` is used as given.
+# a fast encoder (~5 ms of fastokens): on the 2-vCPU KVM guest dtok is measured on, with
+# requests spaced out a split of 1M Latin characters (~4 ms) cost 1.07-1.12x one thread's time
+# and of 500K multilingual ones (~10 ms) 1.08x, while 1M multilingual characters (0.87x) and 4M
+# Latin ones (0.67x) gained. (Those were measured before the pool threads were kept off the
+# caller's CPU, dtok.encode_threads; since then 1M Latin characters split measured 0.84-1.01x
+# spaced out, not shown to pay every time, so the bound stays.) An explicit ``threads`` is
+# used as given.
 AUTO_SPLIT_SAVING = 1_250_000
 # Work per character in those units: a fast encoder's other text costs 3-4x its Latin text
 # (1M characters: 11-17 ms against ~4); the reference ~100x (~0.5 us a character). The guard
@@ -61,14 +62,6 @@ AUTO_SPLIT_SAVING = 1_250_000
 # to 2x about the mean.
 TEXT_WEIGHT = {"latin": 1, "other": 3}
 REFERENCE_WEIGHT = 100
-# Text the stateless route cut into many chunks (at least SHARED_MIN_CHUNKS per thread) is
-# shared out as the threads come free (PieceEncoder._encode_shared), with the threads left to
-# dtok: on the 2-vCPU guest a fixed split of 1M characters of other text lost where the second
-# thread ran late after an idle spell (1.09-1.35x one thread's time spaced out on three files,
-# and a decision timed on the first chunks was tripped by their cold start), while taking
-# pieces as threads come free was at 0.67-0.98x on multilingual text and 1.00-1.06 on
-# adversarial text (docs/benchmarks.md#default-threads).
-SHARED_MIN_CHUNKS = 4
 
 
 def text_class(piece: str) -> str:
@@ -157,7 +150,7 @@ class PieceEncoder:
         self._check_literal = True  # private hook of the control (tests/test_literal_specials.py)
         self._check_long = True  # private hook of the memory test's control (tests/test_memory.py)
         self._pieces = {"fast": 0, "reference": 0, "second": 0}
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: EncodeThreads | None = None
         self._lock = threading.Lock()
 
     # --- encoding -------------------------------------------------------------------------
@@ -178,43 +171,9 @@ class PieceEncoder:
                 return [[ids] for ids in self.reference.encode_many(pieces)]
             return [[ids] for ids in self._map(self.reference.encode, pieces)]
         runs = [] if batch or len(pieces) == 1 else self._groups(list(enumerate(pieces)), True)
-        if len(runs) > 1 and self._shares_as_free(pieces, len(runs)):
-            return self._encode_shared(pieces, len(runs))
         if len(runs) > 1:
             return self._encode_runs(runs)
         return self._encode_routed(pieces, True, batch)
-
-    def _encode_shared(self, pieces: list[str], threads: int) -> list[list]:
-        """:meth:`encode_texts` of many pieces on up to ``threads`` threads, shared out as the
-        threads come free: this thread takes the next few pieces at a time (a share of what is
-        left that shrinks as the work runs out), each pool thread the next one. A pool thread
-        that gets no CPU in time takes nothing, and this thread encodes them all as one thread
-        would, never waiting for a helper that did not start; one that starts late holds at
-        most one piece when this thread runs out."""
-        out: list = [None] * len(pieces)
-        taken = [0]  # pieces handed out so far
-        lock = threading.Lock()
-
-        def take(share: int) -> None:
-            while True:
-                with lock:
-                    i = taken[0]
-                    k = min(len(pieces) - i, -(-(len(pieces) - i) // share))
-                    if k <= 0:
-                        return
-                    taken[0] = i + k
-                out[i:i + k] = self._encode_routed(pieces[i:i + k], False)
-
-        helpers = [self._pool().submit(take, len(pieces)) for _ in range(threads - 1)]
-        try:
-            take(2 * threads)
-        finally:
-            with lock:
-                taken[0] = len(pieces)  # after an error here, the helpers take nothing more
-            for helper in helpers:
-                if not helper.cancel():  # started: it may hold a piece
-                    helper.result()
-        return out
 
     def _encode_runs(self, runs: list[list]) -> list[list]:
         """:meth:`encode_texts` of runs of (slot, piece) items, each run routed and encoded on a
@@ -222,12 +181,6 @@ class PieceEncoder:
         return [out for outs in self._at_once(
             [partial(self._encode_routed, [p for _, p in run], False) for run in runs])
             for out in outs]
-
-    def _shares_as_free(self, pieces: list[str], threads: int) -> bool:
-        """Whether these pieces, which the characters say to split among ``threads``, are shared
-        out as the threads come free (:meth:`_encode_shared`): with the threads left to dtok,
-        for many pieces; an explicit ``threads`` gets contiguous runs, one a thread."""
-        return self.auto_threads and len(pieces) >= SHARED_MIN_CHUNKS * threads
 
     def _encode_routed(self, pieces: list[str], parallel: bool, batch: bool = False
                        ) -> list[list]:
@@ -343,7 +296,7 @@ class PieceEncoder:
         DeepSeek-V3); else the knob ``chunk_target``: the reference's cost per chunk grows
         faster than linearly with the chunk's length, on Qwen3 (its NFC) and gpt-oss a 1M
         document of other text whole took 1.2-1.8x its time in such chunks, and several
-        threads take other text's chunks as they come free (:meth:`_encode_shared`)."""
+        threads each take a run of other text's chunks."""
         target = self.chunker.target
         if self.main.encoder is self.reference or self.second is not None:
             return target
@@ -506,14 +459,12 @@ class PieceEncoder:
         take off the largest's thread)."""
         return not self.auto_threads or (chars - largest) * weight >= AUTO_SPLIT_SAVING
 
-    def split_threads(self, pieces: list[str]) -> tuple[int, bool]:
-        """The threads :meth:`encode_texts` shares these pieces (a text's chunks) among, and
-        whether as they come free (then at most that many): the decision it makes, for
-        ``explain``."""
+    def split_threads(self, pieces: list[str]) -> int:
+        """The threads :meth:`encode_texts` shares these pieces (a text's chunks) among: the
+        decision it makes, for ``explain``."""
         if self.main.encoder is self.reference:
-            return min(self.threads, len(pieces)), False
-        n = max(1, len(self._groups(list(enumerate(pieces)), True)))
-        return n, n > 1 and self._shares_as_free(pieces, n)
+            return min(self.threads, len(pieces))
+        return max(1, len(self._groups(list(enumerate(pieces)), True)))
 
     def _groups(self, items: list, fast: bool, one: bool = False) -> list[list]:
         """Split (slot, text) items into groups of about equal length, one encoder call each:
@@ -543,26 +494,29 @@ class PieceEncoder:
 
     def _at_once(self, jobs: list) -> list:
         """The results of ``jobs`` (callables), in order: the first run in this thread while the
-        others, handed out before it starts, run on the thread pool; on one thread, in turn
-        (a hand-off to a pool thread on the same core only adds a switch)."""
+        others, handed out before it starts, run on the thread pool (off this thread's CPU,
+        :mod:`dtok.encode_threads`); a job no pool thread has started by the time this thread
+        is done is run here, so a pool thread that gets no CPU in time is not waited for. On
+        one thread, in turn (a hand-off to a pool thread on the same core only adds a
+        switch)."""
         if len(jobs) <= 1 or self.threads == 1:
             return [job() for job in jobs]
-        pending = [self._pool().submit(job) for job in jobs[1:]]
-        return [jobs[0](), *(fut.result() for fut in pending)]
+        pending = self._pool().beside(jobs[1:])
+        first = jobs[0]()
+        return [first, *(job() if fut.cancel() else fut.result()
+                         for job, fut in zip(jobs[1:], pending))]
 
     def _map(self, fn, items: list) -> list:
         if self.threads == 1 or len(items) == 1:
             return [fn(x) for x in items]
         return list(self._pool().map(fn, items))
 
-    def _pool(self) -> ThreadPoolExecutor:
+    def _pool(self) -> EncodeThreads:
         if self._executor is None:
             # imported when first needed: 1 MiB of RSS in a process that encodes on one thread
-            from concurrent.futures import ThreadPoolExecutor
+            from dtok.encode_threads import EncodeThreads
 
             with self._lock:
                 if self._executor is None:
-                    ex = ThreadPoolExecutor(self.threads, thread_name_prefix="dtok-encode")
-                    weakref.finalize(self, ex.shutdown, wait=False)
-                    self._executor = ex
+                    self._executor = EncodeThreads(self.threads)
         return self._executor

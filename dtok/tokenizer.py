@@ -292,10 +292,7 @@ class Tokenizer:
             return {**info, "route": "whole", "why": why}
         routes = info["chunk_routes"]
         n_ref = sum(r != "fast" for r in routes)
-        threads, as_free = self.pieces.split_threads(chunks)
-        why = f"{len(routes)} chunks on {'up to ' if as_free else ''}{threads} thread(s)"
-        if as_free:
-            why += " (shared out as the threads come free)"
+        why = f"{len(routes)} chunks on {self.pieces.split_threads(chunks)} thread(s)"
         if self.encoder is not self.pieces.reference:
             why += f", {n_ref} of them with stretches on the reference"
         return {**info, "route": "chunked", "why": why}

@@ -745,7 +745,7 @@ def test_default_threads_share_a_text_only_where_the_split_pays(monkeypatch):
     assert "on 2 thread(s)" in auto.explain(large)["why"]
     # multilingual text whose first chunk is Latin text: the whole text's work decides
     many = prose[:70_000] + (multi * (1 + 1_000_000 // len(multi)))[:930_000]
-    assert "on up to 2 thread(s)" in auto.explain(many)["why"]  # shared out as they come free
+    assert "on 2 thread(s)" in auto.explain(many)["why"]
     assert "on 1 thread(s)" in auto.explain(many[-300_000:])["why"]
     assert "on 2 thread(s)" in two.explain(many[-300_000:])["why"]
     for text in (small, large, many[-300_000:]):
@@ -770,11 +770,10 @@ def encode_recording_threads(monkeypatch, tok: dtok.Tokenizer, text: str
     return ids, seen
 
 
-def test_default_threads_share_chunks_out_as_the_threads_come_free(monkeypatch):
-    """A text cut into many chunks, which the characters say to share out, is shared out with
-    the threads left to dtok as the threads come free: a pool thread that runs takes chunks;
-    one that never gets to run takes none, and the calling thread encodes them all without
-    waiting for it. An explicit ``threads`` splits into contiguous runs, one a thread. The IDs
+def test_threads_take_runs_of_chunks_and_never_wait_for_one_that_did_not_start(monkeypatch):
+    """A text cut into many chunks, which the characters say to split, goes in contiguous runs,
+    one a thread, with the threads left to dtok as with an explicit ``threads``. A pool thread
+    that never gets to run is not waited for: the calling thread encodes its run too. The IDs
     are the reference's each time."""
     from concurrent.futures import Future
 
@@ -785,34 +784,27 @@ def test_default_threads_share_chunks_out_as_the_threads_come_free(monkeypatch):
     auto, two = base.with_knobs(threads=None), base.with_knobs(threads=2)
     multi = read_text("multilingual", "udhr_all-languages_concatenated.txt")
     text = (multi * (1 + 1_000_000 // len(multi)))[:1_000_000]
-    assert "16 chunks on up to 2 thread(s) (shared out" in auto.explain(text)["why"]
+    assert "16 chunks on 2 thread(s)," in auto.explain(text)["why"]
     assert "16 chunks on 2 thread(s)," in two.explain(text)["why"]
     want = ref_ids(base, text)
 
-    def slowly(encoder):  # each call waits 20 ms first: a pool thread surely starts meanwhile
-        many = encoder.encode_many
-        return lambda texts: (time.sleep(0.02), many(texts))[1]
+    class NeverRuns:  # a pool whose threads never get a CPU: nothing handed out starts
+        def beside(self, jobs):
+            return [Future() for _ in jobs]
 
-    class NeverRuns:  # a pool whose threads never get a CPU: nothing submitted starts
-        def submit(self, fn, *args):
-            return Future()
-
-    with monkeypatch.context() as patch:
-        patch.setattr(auto.pieces.main.encoder, "encode_many", slowly(auto.pieces.main.encoder))
-        ids, seen = encode_recording_threads(monkeypatch, auto, text)
-    assert ids == want and len(set(seen)) == 2 and len(seen) > 2, seen
-    with monkeypatch.context() as patch:
-        patch.setattr(auto.pieces, "_pool", lambda: NeverRuns())
-        done: list = []
-        caller = threading.Thread(target=lambda: done.append(
-            encode_recording_threads(monkeypatch, auto, text)), name="caller", daemon=True)
-        caller.start()
-        caller.join(60)  # it must not wait for the helper that never started
-        assert done, "the calling thread waited for a pool thread that never ran"
-    ids, seen = done[0]
-    assert ids == want and set(seen) == {"caller"}, seen
-    ids, seen = encode_recording_threads(monkeypatch, two, text)
-    assert ids == want and len(seen) == 2 and len(set(seen)) == 2, seen
+    for tok in (auto, two):
+        ids, seen = encode_recording_threads(monkeypatch, tok, text)
+        assert ids == want and len(seen) == 2 and len(set(seen)) == 2, seen
+        with monkeypatch.context() as patch:
+            patch.setattr(tok.pieces, "_pool", lambda: NeverRuns())
+            done: list = []
+            caller = threading.Thread(target=lambda: done.append(
+                encode_recording_threads(monkeypatch, tok, text)), name="caller", daemon=True)
+            caller.start()
+            caller.join(60)  # it must not wait for the helper that never started
+            assert done, "the calling thread waited for a pool thread that never ran"
+        ids, seen = done[0]
+        assert ids == want and seen == ["caller", "caller"], seen
 
 
 def test_default_threads_do_not_split_a_piece_unevenly(monkeypatch):

@@ -1,0 +1,133 @@
+"""dtok's encoding threads: a thread pool whose threads, handed work that the calling thread
+works on beside them, run it on other CPUs than the caller's.
+
+Why: Linux places a woken thread near the thread that woke it unless it finds another CPU
+idle, and a KVM guest's vCPU that went idle for a while seems not to count as idle (likely: the
+host has descheduled it, and the guest skips CPUs it sees preempted). On the 2-vCPU guest dtok
+is measured on, 20 ms after the last call a plain pool thread handed a 2 ms GIL-free job woke
+on the caller's own CPU in 71-85 of 100 hand-outs, so the two jobs ran one after the other
+(2.06x one job's time, against 1.11x back to back); kept off the caller's CPU, 0 of 100 and
+1.14x (``benches/bench_wake.py``). The thread keeps off the caller's CPU until its job ends:
+each chunk's GIL hand-off is another wake-up, and a thread given its CPUs back as its job
+started was moved beside the caller again (dtok's split of 1M characters of other text then
+measured as with no placement). The caller itself is never narrowed: pinned too, both threads
+measured slower. (``docs/benchmarks.md#default-threads``.)
+"""
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from typing import Any, Callable, Iterable, Iterator
+
+from dtok_ext.cpus import current_cpu
+
+__all__ = ["EncodeThreads"]
+
+
+class EncodeThreads:
+    """``n`` encoding threads (named ``dtok-encode``), started when first needed, stopped by
+    :meth:`shutdown` or when this object is collected.
+
+    >>> threads = EncodeThreads(2)
+    >>> [f.result() for f in threads.beside([lambda: 1, lambda: 2])]
+    [1, 2]
+    >>> list(threads.map(len, ["ab", "c"]))
+    [2, 1]
+    >>> threads.shutdown()
+    """
+
+    def __init__(self, n: int) -> None:
+        # the threads hold the placement (their initializer), not this object, so that
+        # collecting it stops them
+        self._placement = _Placement()
+        self._executor = ThreadPoolExecutor(n, thread_name_prefix="dtok-encode",
+                                            initializer=self._placement.started)
+        weakref.finalize(self, self._executor.shutdown, wait=False)
+
+    def beside(self, jobs: Iterable[Callable[[], Any]]) -> list[Future]:
+        """Hand ``jobs`` to the threads while the calling thread works on something else: where
+        it may use another CPU, the threads run them off the caller's CPU, and take back
+        every CPU the caller may use when each job ends."""
+        allowed = self._placement.keep_off_caller()
+        if allowed is None:
+            return [self._executor.submit(job) for job in jobs]
+        return [self._executor.submit(_then_on_cpus, allowed, job) for job in jobs]
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable) -> Iterator:
+        """``fn`` of each item on the threads while the caller waits (no placement: the
+        caller's CPU is free for them; a thread narrowed for a job it did not get takes it
+        back)."""
+        allowed = self._placement.caller_cpus()
+        if allowed is None:
+            return self._executor.map(fn, items)
+        return self._executor.map(lambda item: _on_cpus(allowed, partial(fn, item)), items)
+
+    def shutdown(self, wait: bool = True) -> None:
+        self._executor.shutdown(wait=wait)
+
+
+class _Placement:
+    """The pool threads' native IDs, and the CPUs a thread that starts now is narrowed to."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.tids: list[int] = []
+        self.others: set[int] | None = None
+        self.placing = hasattr(os, "sched_setaffinity")
+
+    def keep_off_caller(self) -> set[int] | None:
+        """Narrow every pool thread to the caller's CPUs but its current one (a thread that
+        starts now is narrowed as it starts: it may be the one woken) and return the caller's
+        CPUs, which a thread takes back when its job ends; None where there is no other CPU
+        to run on, or no placing."""
+        allowed = self.caller_cpus()
+        cpu = current_cpu()
+        if allowed is None or cpu not in allowed:
+            return None
+        others = allowed - {cpu}
+        with self.lock:
+            self.others = others
+            tids = list(self.tids)
+        for tid in tids:
+            _set_cpus(tid, others)
+        return allowed
+
+    def caller_cpus(self) -> set[int] | None:
+        """The CPUs the calling thread may run on, where placing is possible (Linux, two or
+        more of them)."""
+        if not self.placing:
+            return None
+        allowed = os.sched_getaffinity(0)
+        return allowed if len(allowed) > 1 else None
+
+    def started(self) -> None:
+        tid = threading.get_native_id()
+        with self.lock:
+            self.tids.append(tid)
+            others = self.others
+        if others is not None:
+            _set_cpus(tid, others)
+
+
+def _on_cpus(cpus: set[int], job: Callable[[], Any]) -> Any:
+    """Run ``job`` on this pool thread after giving it back ``cpus``."""
+    _set_cpus(0, cpus)
+    return job()
+
+
+def _then_on_cpus(cpus: set[int], job: Callable[[], Any]) -> Any:
+    """Run ``job`` on this pool thread where it was placed, then give it back ``cpus``."""
+    try:
+        return job()
+    finally:
+        _set_cpus(0, cpus)
+
+
+def _set_cpus(tid: int, cpus: set[int]) -> None:
+    try:
+        os.sched_setaffinity(tid, cpus)
+    except OSError:  # the thread is gone, or a cpuset no longer holds those CPUs
+        pass

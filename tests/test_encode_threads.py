@@ -1,0 +1,90 @@
+"""dtok's encoding threads (``dtok.encode_threads``): work handed out beside the calling thread
+runs off the caller's CPU, and each thread takes back the caller's CPUs when its job ends."""
+from __future__ import annotations
+
+import doctest
+import os
+import threading
+
+import pytest
+
+from dtok import encode_threads
+from dtok.encode_threads import EncodeThreads
+from dtok_ext import cpus
+
+two_cpus = pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2
+    or cpus.current_cpu() < 0, reason="placing needs Linux and two CPUs")
+
+
+def test_module_examples():
+    assert doctest.testmod(encode_threads).failed == 0
+    assert doctest.testmod(cpus).failed == 0
+
+
+def where() -> tuple[int, set[int], int]:
+    """This thread's CPU, the CPUs it may use, its native ID."""
+    return cpus.current_cpu(), os.sched_getaffinity(0), threading.get_native_id()
+
+
+def hand_out(threads: EncodeThreads, monkeypatch, jobs: int = 1) -> tuple[int, list]:
+    """``where`` of ``jobs`` jobs handed out beside this thread, and the CPU this thread was on
+    as they were handed out (as the placement read it)."""
+    seen: list[int] = []
+
+    def read_cpu() -> int:
+        seen.append(cpus.current_cpu())
+        return seen[-1]
+
+    monkeypatch.setattr(encode_threads, "current_cpu", read_cpu)
+    out = [f.result() for f in threads.beside([where] * jobs)]
+    monkeypatch.undo()
+    return (seen[0] if seen else -1), out
+
+
+@two_cpus
+def test_work_beside_the_caller_runs_off_its_cpu(monkeypatch):
+    allowed = os.sched_getaffinity(0)
+    threads = EncodeThreads(2)
+    try:
+        for _ in range(10):  # a thread started by the call, then threads woken by it
+            caller, out = hand_out(threads, monkeypatch)
+            (cpu, during, tid), = out
+            assert during == allowed - {caller} and cpu != caller, (caller, cpu, during)
+            assert os.sched_getaffinity(tid) == allowed  # given back when the job ended
+        # the control: with placing off, the job may run on every CPU the caller may use
+        threads._placement.placing = False
+        caller, ((_, during, _),) = hand_out(threads, monkeypatch)
+        assert during == allowed
+    finally:
+        threads.shutdown()
+
+
+@two_cpus
+def test_a_thread_narrowed_for_no_job_takes_the_cpus_back_for_the_next(monkeypatch):
+    """Handing out one job narrows every pool thread (any may be the one woken): the one left
+    without a job takes the caller's CPUs back when it next works for a waiting caller."""
+    allowed = os.sched_getaffinity(0)
+    threads = EncodeThreads(2)
+    both = threading.Barrier(2)
+    try:
+        tids = {f.result()[2] for f in threads.beside([lambda: (both.wait(), where())[1]] * 2)}
+        assert len(tids) == 2
+        caller, _ = hand_out(threads, monkeypatch)
+        assert any(os.sched_getaffinity(t) == allowed - {caller} for t in tids)
+        mapped = list(threads.map(lambda _: (both.wait(), where())[1], range(2)))
+        assert {m[2] for m in mapped} == tids and all(m[1] == allowed for m in mapped)
+    finally:
+        threads.shutdown()
+
+
+def test_collected_threads_stop():
+    threads = EncodeThreads(1)
+    (tid,) = {f.result()[2] for f in threads.beside([where])}
+    names = {t.native_id: t for t in threading.enumerate()}
+    worker = names[tid]
+    del threads
+    import gc
+    gc.collect()
+    worker.join(10)
+    assert not worker.is_alive()
