@@ -2,7 +2,8 @@
 """dtok on the fast encoder next to the encoders users would pick, exactness checked.
 
     python benches/bench_fast.py [--tokenizers ...] [--sizes 1000000] [--repeats 3] [--modes ...]
-                                 [--pause-ms 20] [--speed-only] [--pin CPU]
+                                 [--pause-ms 20] [--hot] [--speed-only] [--pin CPU]
+                                 [--peers gigatoken basetenkenizer toktier reference]
     python benches/bench_fast.py --breakdown-only
     python benches/bench_fast.py --order-only
     python benches/bench_fast.py --memory-only
@@ -125,11 +126,15 @@ AS_LIST = {
 }
 
 
-def peers(path: Path, with_others: bool, name: str = "") -> dict:
+PEERS = ("gigatoken", "basetenkenizer", "toktier", "reference")  # the "+others" (--peers)
+
+
+def peers(path: Path, with_others: bool, name: str = "", picked=PEERS) -> dict:
     """The encoders dtok is compared with, each loaded on its own (its own instance): fastokens
-    alone always; with ``with_others`` also gigatoken, basetenkenizer, toktier (offline) and
-    the reference's ``encode_batch_fast`` (the same process then holds every encoder, as a
-    serving process trying several would). A peer that cannot be loaded is named and left out."""
+    alone always; with ``with_others`` also those of ``picked``: gigatoken, basetenkenizer,
+    toktier (offline) and the reference's ``encode_batch_fast`` (the same process then holds
+    every encoder, as a serving process trying several would). A peer that cannot be loaded is
+    named and left out."""
     import fastokens
 
     raw = path.joinpath("tokenizer.json").read_text(encoding="utf-8")
@@ -152,14 +157,17 @@ def peers(path: Path, with_others: bool, name: str = "") -> dict:
 
     for label, make in (("gigatoken", gigatoken_), ("basetenkenizer", basetenkenizer_),
                         ("toktier", lambda: load_toktier(name, path))):
+        if label not in picked:
+            continue
         try:
             out[label] = make()
         except Exception as exc:  # not installed, or refuses the file
             print(f"# {label} not measured: {exc!r}"[:300], flush=True)
-    from tokenizers import Tokenizer as HF
+    if "reference" in picked:
+        from tokenizers import Tokenizer as HF
 
-    hf = HF.from_str(raw)
-    out["hf batch_fast"] = lambda d: hf.encode_batch_fast([d], add_special_tokens=False)
+        hf = HF.from_str(raw)
+        out["hf batch_fast"] = lambda d: hf.encode_batch_fast([d], add_special_tokens=False)
     return out
 
 
@@ -174,7 +182,7 @@ def outcome(fn, text: str):
 
 
 def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
-              pause_ms: float = PAUSE_MS, hot: bool = False) -> list[dict]:
+              pause_ms: float = PAUSE_MS, hot: bool = False, picked=PEERS) -> list[dict]:
     import dtok
 
     threads = 1 if mode.startswith("single") else None
@@ -183,7 +191,7 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
                                    **({"threads": threads} if threads else {}))
     assert tok.encoder.name == "fastokens", tok.stats()
     ref = tok.reference
-    others = peers(SHARED / "tokenizers" / name, with_others, name)
+    others = peers(SHARED / "tokenizers" / name, with_others, name, picked)
     encoders = {"dtok": lambda d: tok.encode(d, add_special_tokens=False), **others}
     tokenizers = [tok]  # dtok's, each warmed on every thread it has
     if threads is None:  # the default threads next to dtok's own one-thread path, same rotation
@@ -504,7 +512,7 @@ def run_memory(name: str, encoder: str) -> dict:
 def child(args) -> None:
     if args.child == "speed":
         rows = run_speed(args.tokenizers[0], args.mode, args.sizes, args.repeats, args.pause_ms,
-                         args.hot)
+                         args.hot, args.peers)
     elif args.child == "breakdown":
         rows = run_breakdown(args.tokenizers[0], args.repeats)
     elif args.child == "order":
@@ -535,6 +543,9 @@ def main() -> None:
                     help="each timed call right after an untimed call on the same document "
                          "(every cache hot); default: each document new to every encoder")
     ap.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS),
+                    help="the encoders the +others modes load beside fastokens (default: all; "
+                         "toktier and the reference take most of a run's time)")
     ap.add_argument("--pin", type=int, default=None, metavar="CPU",
                     help="run every measuring process on this one CPU (one pinned core for "
                          "each encoder; dtok's default threads are then 1)")
@@ -568,7 +579,7 @@ def main() -> None:
         env.setdefault("FASTOKENS_BPE_THREADS", "1")
         cmd = [sys.executable, __file__, "--child", kind, "--mode", mode, "--tokenizers", name,
                "--repeats", str(args.repeats), "--pause-ms", str(args.pause_ms),
-               *(["--hot"] if args.hot else []),
+               *(["--hot"] if args.hot else []), "--peers", *args.peers,
                *(["--pin", str(args.pin)] if args.pin is not None else []),
                "--sizes", *map(str, args.sizes)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

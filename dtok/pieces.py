@@ -42,6 +42,12 @@ LONGEST_FAST_STRETCH = 65536
 # fastokens keeps scratch memory for its longest input on each thread (~1 MiB more per thread
 # for a 1M piece than for chunks; a 4M piece: +9 MiB, for good).
 LONGEST_FAST_PIECE = 1 << 20
+# A pool thread encodes its run of pieces (a text's chunks) this many at a time, so that the
+# calling thread, done with its own run, can take the rest from the back: a pool thread whose
+# CPU is shared (another library's threads still spinning there, another process) or that woke
+# late is then not waited for to the end of its run. Each step is one more encoder call (its
+# GIL hand-back: a few microseconds); a step of 2 is 128K characters.
+RUN_STEP = 2
 # :func:`text_class` reads this many runs of this many characters of a long piece.
 CLASS_RUNS, CLASS_RUN = 16, 256
 # With the threads left to dtok (knob ``threads=None``), work is shared out among threads only
@@ -103,6 +109,28 @@ def _even_runs(items: list, n: int, total: int | None = None) -> list[list]:
     return [run for run in runs if run]
 
 
+class _TwoEnds:
+    """The indices of a run's pieces not yet taken, handed out from either end: a pool thread
+    takes from the front, the calling thread from the back."""
+
+    def __init__(self, n: int) -> None:
+        self.lo, self.hi = 0, n
+        self._lock = threading.Lock()
+
+    def take(self, n: int, back: bool) -> tuple[int, int] | None:
+        """The next ``n`` indices (fewer at the last) as a range [a, b), or None: all taken."""
+        with self._lock:
+            if self.lo >= self.hi:
+                return None
+            if back:
+                a, b = max(self.lo, self.hi - n), self.hi
+                self.hi = a
+            else:
+                a, b = self.lo, min(self.hi, self.lo + n)
+                self.lo = b
+            return a, b
+
+
 def affixed_view(ids, add_special: bool, n_prefix: int, n_suffix: int) -> memoryview:
     """A read-only view of an ID buffer (prefix + body + suffix) with the post-processor's
     affixes (``add_special_tokens``) or without them: the two results one buffer serves."""
@@ -142,6 +170,7 @@ class PieceEncoder:
         self.second_classes = loaded.second_classes if use_fast else frozenset()
         self.long_piece_classes = loaded.long_piece_classes
         self.text_weight = dict(TEXT_WEIGHT)  # what the split rule weighs a fast encoder's text by
+        self._run_step = RUN_STEP  # private hook: a step as long as a run takes it whole
         # encode_special_tokens: special-token strings are plain text to the reference, while
         # the fast encoders would match them; stretches holding one go to the reference
         self.literal = loaded.literal
@@ -177,10 +206,28 @@ class PieceEncoder:
 
     def _encode_runs(self, runs: list[list]) -> list[list]:
         """:meth:`encode_texts` of runs of (slot, piece) items, each run routed and encoded on a
-        thread of its own, the first on this one."""
-        return [out for outs in self._at_once(
-            [partial(self._encode_routed, [p for _, p in run], False) for run in runs])
-            for out in outs]
+        thread of its own, the first on this one. A pool thread takes its run's pieces
+        ``_run_step`` at a time from the front; this thread, done with its own run, takes
+        what is left of the others from the back (so it never waits for a pool thread that
+        got its CPU late, or shares it, to the end of its run) and then waits only for the
+        steps the pool threads are encoding."""
+        texts = [[p for _, p in run] for run in runs]
+        out: list[list] = [[None] * len(run) for run in texts]
+        ends = [_TwoEnds(len(run)) for run in texts]
+
+        def drain(k: int, back: bool) -> None:
+            while (span := ends[k].take(self._run_step, back)) is not None:
+                a, b = span
+                out[k][a:b] = self._encode_routed(texts[k][a:b], False)
+
+        pending = self._pool().beside([partial(drain, k, False) for k in range(1, len(runs))])
+        out[0] = self._encode_routed(texts[0], False)
+        for k in range(1, len(runs)):
+            drain(k, True)
+        for fut in pending:
+            if not fut.cancel():  # one that never started has nothing left to do
+                fut.result()
+        return [ids for run in out for ids in run]
 
     def _encode_routed(self, pieces: list[str], parallel: bool, batch: bool = False
                        ) -> list[list]:

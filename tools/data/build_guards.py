@@ -3,6 +3,7 @@
 
     python tools/data/build_guards.py PATH [PATH ...] [--encoder fastokens|gigatoken]
                                       [--out DIR] [--reuse-code-points] [--speed]
+                                      [--candidate basetenkenizer]
                                       [--long-pieces]
 
 For each file: compare every vocabulary entry's text and every code point in eight contexts
@@ -17,7 +18,10 @@ versions (they do not depend on the schema) and runs only the rest (the NFC proo
 record the per-class median ratio in the file's table: dtok gives gigatoken the classes where
 it took at most ``SECOND_WINS`` of fastokens' time. Each document is new to both encoders (the
 gigatoken instance first sees the other half of the corpus: a warm pre-token cache, as in
-service); pairs alternate which encoder goes first.
+service); pairs alternate which encoder goes first. Every output is compared with the
+reference's and the wrong ones counted. ``--speed --candidate basetenkenizer`` measures another
+encoder a user might pick (basetenkenizer 0.2.8, MIT) the same way, in place of gigatoken, and
+only prints: it has no guard tables, so dtok could serve nothing from it before they exist.
 
 ``--long-pieces`` (fastokens tables): measure, on one pinned CPU with one BPE thread (the
 one-thread case it decides), fastokens on 1M-character documents of the text classes other
@@ -58,6 +62,8 @@ def main() -> None:
     ap.add_argument("--long-pieces", action="store_true",
                     help="only measure fastokens on long pieces of other text and record it")
     ap.add_argument("--corpus", type=Path, default=None)
+    ap.add_argument("--candidate", choices=("basetenkenizer",), default=None,
+                    help="with --speed: measure this encoder in place of gigatoken, print only")
     args = ap.parse_args()
     if args.long_pieces:
         if os.environ.get("FASTOKENS_BPE_THREADS") != "1":  # read when fastokens starts
@@ -68,7 +74,12 @@ def main() -> None:
         return
     if args.speed:
         for path in args.paths:
-            record_speed(path, args.out, args.corpus)
+            try:
+                record_speed(path, args.out, args.corpus, args.candidate)
+            except BaseException as exc:  # a candidate's Rust panic is a BaseException
+                if not args.candidate or isinstance(exc, KeyboardInterrupt):
+                    raise
+                print(f"{path}: {args.candidate} raised {exc!r}"[:300], flush=True)
         return
     for path in args.paths:
         tok = Tokenizer.from_file(path, encoder="reference")
@@ -122,36 +133,60 @@ def _corpus_docs(corpus: Path | None) -> dict[str, list[str]]:
     return out
 
 
-def record_speed(path: Path, out: Path, corpus: Path | None) -> None:
+class Basetenkenizer:
+    """basetenkenizer 0.2.8 (MIT) with the two calls the speed measurement makes."""
+
+    name = "basetenkenizer"
+
+    def __init__(self, raw_json: bytes) -> None:
+        import basetenkenizer
+
+        self.native = basetenkenizer.Tokenizer.from_json_str(raw_json.decode("utf-8"))
+
+    def encode(self, text: str) -> list[int]:
+        return self.native.encode(text, add_special_tokens=False).ids
+
+    def encode_many(self, texts: list[str]) -> list:
+        return [self.encode(t) for t in texts]
+
+
+def record_speed(path: Path, out: Path, corpus: Path | None, candidate: str | None = None) -> None:
     from dtok.pieces import text_class
 
     tok = Tokenizer.from_file(path, encoder="reference")
     raw = tok.tokenizer_json()
-    fast, giga = FastEncoder(raw, tok.reference), GigaEncoder(raw, tok.reference)
-    name = guards.file_name(tok.admission.sha256, giga.version, giga.name)
-    table_path = out / name
-    table = json.loads(table_path.read_text())
+    fast = FastEncoder(raw, tok.reference)
+    second = Basetenkenizer(raw) if candidate else GigaEncoder(raw, tok.reference)
     docs = _corpus_docs(corpus)
-    ratio, ms, counts = {}, {}, {}
+    ratio, ms, counts, wrong = {}, {}, {}, {}
     for cls, items in docs.items():
         items = [d for d in items if text_class(d) == cls] or items
         warm, measured = items[1::2], items[0::2]
-        giga.encode_many(warm)  # the pre-token cache as in service: warm, but not on these
-        per_doc, t_fast, t_giga = [], [], []
-        for i, doc in enumerate(measured):
+        wants = [tok.reference.encode(doc, add_special_tokens=False).ids for doc in measured]
+        second.encode_many(warm)  # a pre-token cache as in service: warm, but not on these
+        per_doc, t_fast, t_second = [], [], []
+        wrong[cls] = {fast.name: 0, second.name: 0}
+        for i, (doc, want) in enumerate(zip(measured, wants)):
             t = {}
-            for enc in ((fast, giga) if i % 2 else (giga, fast)):
+            for enc in ((fast, second) if i % 2 else (second, fast)):
                 t0 = time.perf_counter()
-                enc.encode(doc)
+                got = enc.encode(doc)
                 t[enc.name] = time.perf_counter() - t0
-            per_doc.append(t["gigatoken"] / t["fastokens"])
-            t_fast.append(t["fastokens"])
-            t_giga.append(t["gigatoken"])
+                wrong[cls][enc.name] += list(got) != want
+            per_doc.append(t[second.name] / t[fast.name])
+            t_fast.append(t[fast.name])
+            t_second.append(t[second.name])
         ratio[cls] = round(statistics.median(per_doc), 3)
-        ms[cls] = {"fastokens": round(1e3 * sum(t_fast), 2), "gigatoken": round(1e3 * sum(t_giga), 2)}
+        ms[cls] = {fast.name: round(1e3 * sum(t_fast), 2),
+                   second.name: round(1e3 * sum(t_second), 2)}
         counts[cls] = len(measured)
-        print(f"{path}: {cls}: gigatoken / fastokens median {ratio[cls]:.3f} over {len(measured)} "
-              f"docs (quartiles {statistics.quantiles(per_doc, n=4)})", flush=True)
+        print(f"{path}: {cls}: {second.name} / fastokens median {ratio[cls]:.3f} over "
+              f"{len(measured)} docs (quartiles {statistics.quantiles(per_doc, n=4)}); wrong "
+              f"outputs {wrong[cls]}", flush=True)
+    if candidate:
+        return
+    table_path = out / guards.file_name(tok.admission.sha256, second.version, second.name)
+    table = json.loads(table_path.read_text())
     table["speed"] = {"ratio": ratio, "total_ms": ms, "docs": counts, "doc_chars": DOC,
                       "loadavg": [round(x, 2) for x in os.getloadavg()],
                       "cpus": len(os.sched_getaffinity(0)), "when": time.strftime("%Y-%m-%d")}
