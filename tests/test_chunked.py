@@ -114,7 +114,7 @@ def test_single_thread_and_batch():
 
 
 @pytest.mark.parametrize("name", ["qwen3", "llama3"])
-def test_each_thread_routes_its_own_run_of_chunks(name):
+def test_each_thread_routes_its_own_run_of_chunks(name, monkeypatch):
     """With several threads, each takes a contiguous run of a long text's chunks and routes it
     itself (guard characters and text NFC would change go to the reference in a helper thread
     too): the IDs are the reference's, and more than one thread did the routing."""
@@ -129,7 +129,7 @@ def test_each_thread_routes_its_own_run_of_chunks(name):
     pieces = tok.pieces
     # each run taken whole: with the steps, which thread takes a run's later chunks is a
     # matter of timing (tests/test_fast.py checks the steps)
-    pieces._run_step = 1 << 30
+    monkeypatch.setattr(pieces, "_run_step", 1 << 30)
     routed_by = set()
     encode_routed = pieces._encode_routed
 
@@ -144,8 +144,8 @@ def test_each_thread_routes_its_own_run_of_chunks(name):
         stretches_by.add(threading.get_ident())
         return encode_stretches(texts)
 
-    pieces._encode_routed = traced
-    pieces.reference.encode_stretches = traced_stretches
+    monkeypatch.setattr(pieces, "_encode_routed", traced)
+    monkeypatch.setattr(pieces.reference, "encode_stretches", traced_stretches)
     for special in (True, False):
         assert list(tok.encode(text, add_special_tokens=special)) == ref_ids(tok, text, special)
     assert len(routed_by) >= 2 and len(stretches_by) >= 2
