@@ -825,10 +825,17 @@ def test_the_caller_takes_the_rest_of_a_slow_pool_threads_run_from_the_back(monk
     caller = threading.current_thread()
     for step, caller_takes_more in ((pieces.RUN_STEP, True), (1 << 30, False)):
         chunks = {"caller": 0, "pool": 0}
+        pool_took = threading.Event()
 
         def slow_pool_thread(texts, parallel, *rest):
             mine = threading.current_thread() is caller
+            if mine and not chunks["caller"]:
+                # the caller's own run waits until the pool thread has taken its first step,
+                # so a pool thread that starts late on a loaded machine cannot make the control
+                # see the caller take the whole run (the fallback for a thread that never ran)
+                assert pool_took.wait(10), "the pool thread never started"
             if not mine:
+                pool_took.set()
                 time.sleep(0.03)
             chunks["caller" if mine else "pool"] += len(texts)
             return routed(texts, parallel, *rest)
