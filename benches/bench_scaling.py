@@ -3,6 +3,7 @@
 
     python benches/bench_scaling.py [--tokenizers qwen3 llama3] [--sizes 1000000 4000000]
                                     [--threads 1 2 4 8 16] [--docs 6] [--pause-ms 20]
+                                    [--repeats 1]
 
 A text cut at safe cuts is encoded on several threads (docs/encoders.md, "Threads"); on the
 2-vCPU development machine that can show little. This measures it where there are more cores:
@@ -11,11 +12,14 @@ for each tokenizer, text kind and size, distinct documents (every call on a fres
 default threads (the usable CPUs, where the split pays), fastokens alone and
 gigatoken alone (each with its own threads: fastokens' BPE threads, one per CPU by default,
 gigatoken's own), each its own instance, in a balanced rotation. dtok's runs are in a process
-with ``FASTOKENS_BPE_THREADS=1`` (dtok divides the work itself, docs/encoders.md), the
-encoders alone in another with their defaults, each warmed with a spare document of twice the
-timed size on every thread first. Every output is compared with the reference's (computed before
-the timing); a wrong one is printed. Printed: medians in ms, P99, speed-up against dtok
-``threads=1`` and the ratio to fastokens alone; JSON to bench-results/scaling.json.
+with ``FASTOKENS_BPE_THREADS=1`` (dtok divides the work itself, docs/encoders.md; dtok's own
+default on 2 CPUs or fewer), and in another with fastokens' own default given explicitly (one
+BPE thread per CPU), the encoders alone in another with their defaults, each warmed with a
+spare document of twice the timed size on every thread first. With ``--repeats``, every side's
+process runs again, the sides in another order each repeat. Every output is compared with the
+reference's (computed before the timing); a wrong one is printed. Printed: medians in ms, P99,
+speed-up against dtok ``threads=1`` and the ratio to fastokens alone (per repeat; over repeats
+their median and range); JSON to bench-results/scaling.json.
 """
 from __future__ import annotations
 
@@ -38,8 +42,9 @@ KINDS = ("prose", "code", "multilingual", "adversarial")
 
 
 # Each side runs in a process of its own: (what it holds, FASTOKENS_BPE_THREADS, which fastokens
-# reads once per process; None: fastokens' default, one BPE thread per CPU)
-SIDES = {"dtok": ("dtok", "1"), "dtok, fastokens' threads": ("dtok-default", None),
+# reads once per process; "cpus": fastokens' own default, one BPE thread per CPU, given
+# explicitly because dtok holds an unset variable to 1 on few CPUs; None: left unset)
+SIDES = {"dtok": ("dtok", "1"), "dtok, fastokens' threads": ("dtok-default", "cpus"),
          "alone": ("peers", None), "alone, 1 thread": ("fastokens", "1")}
 
 
@@ -125,24 +130,37 @@ def run_side(side: str, name: str, sizes: list[int], threads: list[int], n_docs:
 
 
 def report(rows: list[dict]) -> None:
-    """Speed-ups against dtok threads=1 and ratios to fastokens alone, per cell."""
-    cells: dict[tuple, dict] = {}
+    """Speed-ups against dtok threads=1 and ratios to fastokens alone, per cell: each a ratio
+    of medians within one repeat, then (several repeats) their median [range]."""
+    cells: dict[tuple, list[dict]] = {}
     rows = sorted(rows, key=lambda r: list(SIDES).index(r["side"]))
     for r in rows:
-        cells.setdefault((r["tokenizer"], r["kind"], r["chars"]), {}).update(
-            {k: v["median_ms"] for k, v in r["wall"].items()})
+        runs = cells.setdefault((r["tokenizer"], r["kind"], r["chars"]), [])
+        while len(runs) <= r.get("repeat", 0):
+            runs.append({})
+        runs[r.get("repeat", 0)].update({k: v["median_ms"] for k, v in r["wall"].items()})
+
+    def spread(values: list[float], fmt: str) -> str:
+        if len(values) == 1:
+            return format(values[0], fmt)
+        return (f"{statistics.median(values):{fmt}} [{min(values):{fmt}}-"
+                f"{max(values):{fmt}}]")
+
     print("\n| tokenizer | text | chars | " + " | ".join(
-        k for k in next(iter(cells.values()))) + " |")
-    for (name, kind, size), ms in cells.items():
-        one, alone = ms.get("dtok threads=1"), ms.get("fastokens")
+        k for k in next(iter(cells.values()))[0]) + " |")
+    for (name, kind, size), runs in cells.items():
         parts = []
-        for k, v in ms.items():
+        for k in runs[0]:
+            ms = [run[k] for run in runs if k in run]
             extra = []
-            if one and k.startswith("dtok"):
-                extra.append(f"x{one / v:.2f}")
+            ones = [run["dtok threads=1"] / run[k] for run in runs
+                    if k.startswith("dtok") and "dtok threads=1" in run]
+            if ones:
+                extra.append("x" + spread(ones, ".2f"))
+            alone = [run[k] / run["fastokens"] for run in runs if "fastokens" in run]
             if alone:
-                extra.append(f"{v / alone:.2f} of fastokens")
-            parts.append(f"{v:.2f} ms ({', '.join(extra)})")
+                extra.append(spread(alone, ".2f") + " of fastokens")
+            parts.append(f"{spread(ms, '.2f')} ms ({', '.join(extra)})")
         print(f"| {name} | {kind} | {size:,} | " + " | ".join(parts) + " |")
 
 
@@ -154,6 +172,8 @@ def main() -> int:
                     help="dtok's explicit thread counts (default: 1, 2, 4, ... up to the CPUs)")
     ap.add_argument("--docs", type=int, default=6, help="distinct documents per cell")
     ap.add_argument("--pause-ms", type=float, default=20.0)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="every side's process this many times, the sides' order rotated")
     ap.add_argument("--sides", nargs="*", default=list(SIDES), choices=list(SIDES))
     ap.add_argument("--child", choices=list(SIDES))
     ap.add_argument("--out")
@@ -169,18 +189,22 @@ def main() -> int:
     print(header(info), flush=True)
     rows: list[dict] = []
     scratch = Path(tempfile.mkdtemp(prefix="dtok-scaling-"))  # each child's rows
-    for i, side in enumerate(args.sides):
-        env = dict(os.environ)
-        env.pop("FASTOKENS_BPE_THREADS", None)
-        if SIDES[side][1] is not None:
-            env["FASTOKENS_BPE_THREADS"] = SIDES[side][1]
-        out = scratch / f"side-{i}.json"
-        cmd = [sys.executable, __file__, "--child", side, "--out", str(out), "--docs",
-               str(args.docs), "--pause-ms", str(args.pause_ms), "--tokenizers",
-               *args.tokenizers, "--sizes", *map(str, args.sizes), "--threads", *map(str, threads)]
-        subprocess.run(cmd, env=env, check=True)
-        rows += json.loads(out.read_text())
-        out.unlink()
+    for repeat in range(args.repeats):
+        shift = repeat % len(args.sides)
+        for i, side in enumerate(args.sides[shift:] + args.sides[:shift]):
+            env = dict(os.environ)
+            env.pop("FASTOKENS_BPE_THREADS", None)
+            bpe = SIDES[side][1]
+            if bpe is not None:
+                env["FASTOKENS_BPE_THREADS"] = str(cpus) if bpe == "cpus" else bpe
+            out = scratch / f"side-{i}.json"
+            cmd = [sys.executable, __file__, "--child", side, "--out", str(out), "--docs",
+                   str(args.docs), "--pause-ms", str(args.pause_ms), "--tokenizers",
+                   *args.tokenizers, "--sizes", *map(str, args.sizes), "--threads",
+                   *map(str, threads)]
+            subprocess.run(cmd, env=env, check=True)
+            rows += [{**r, "repeat": repeat} for r in json.loads(out.read_text())]
+            out.unlink()
     scratch.rmdir()
     report(rows)
     wrong = [(r["tokenizer"], r["kind"], r["wrong"]) for r in rows if r["wrong"]]

@@ -38,6 +38,17 @@ STRETCH_CHARS = 65536  # reference stretches up to this size in all avoid the ra
 # state dtok does not need, so they are removed from the environment while it (or a pool's
 # zygote) loads.
 FASTOKENS_CACHE_VARS = ("FASTOKENS_INPUT_CACHE", "FASTOKENS_SEGMENT_CACHE")
+# fastokens starts BPE threads of its own for one long call, one per CPU unless
+# FASTOKENS_BPE_THREADS says otherwise (read once per process, at its first long call). On a
+# machine with this many CPUs or fewer, dtok holds it to one where the operator left the
+# variable unset: there its threads compete with dtok's own and a helper woken after a pause
+# starts late. On the 2-vCPU guest dtok is measured on, dtok's default held took 0.66-0.89 of
+# its time beside them on prose and 0.74-0.78 on multilingual text (20 ms apart and back to
+# back), but 1.3x on code back to back, where fastokens' second thread halves one long call
+# (docs/benchmarks.md#fastokens-own-threads). On 16 CPUs they made one long call 2-3x faster,
+# and dtok's default, which keeps 1M characters of prose in one piece, gets that speed only
+# through them: they are left on there. Between 3 and 15 CPUs nothing was measured.
+FASTOKENS_OWN_THREADS_MAX_CPUS = 2
 
 
 class ChunkEncoder(Protocol):
@@ -131,6 +142,31 @@ def _metadata_version(path: str) -> str | None:
     return None
 
 
+def available_cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def hold_fastokens_threads() -> bool:
+    """Set ``FASTOKENS_BPE_THREADS=1`` where it is unset and this process may use
+    FASTOKENS_OWN_THREADS_MAX_CPUS CPUs or fewer; whether dtok holds fastokens to one thread
+    (now or at an earlier load). Called before fastokens' first call in the process, which
+    reads the variable once: the setting is the process's, every fastokens instance in it
+    gets one BPE thread."""
+    global _held_fastokens_threads
+    if "FASTOKENS_BPE_THREADS" not in os.environ \
+            and available_cpus() <= FASTOKENS_OWN_THREADS_MAX_CPUS:
+        os.environ["FASTOKENS_BPE_THREADS"] = "1"
+        _held_fastokens_threads = True
+    return _held_fastokens_threads and os.environ.get("FASTOKENS_BPE_THREADS") == "1"
+
+
+_held_fastokens_threads = False  # whether hold_fastokens_threads set the variable
+
+
 def fastokens_version() -> str | None:
     return installed_version("fastokens")
 
@@ -216,6 +252,7 @@ class FastEncoder:
         version = _pinned("fastokens", fastokens_version(), FASTOKENS_VERSION)
         import fastokens
 
+        self.held_threads = hold_fastokens_threads()
         json_file, made = _json_file(raw_json)
         try:
             with _without_cache_env():

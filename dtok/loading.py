@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 from dtok import guards, tables
 from dtok.admission import Admission, TokenizerFiles, admit
-from dtok.encoders import (FastEncoder, FastEncoderError, GigaEncoder, JsonFile,
+from dtok.encoders import (FastEncoder, FastEncoderError, GigaEncoder, JsonFile, available_cpus,
                            fastokens_version, gigatoken_version)
 from dtok.logs import logger
 from dtok_ext.cuts import CutRules
@@ -142,6 +142,9 @@ def _load_fast(files: TokenizerFiles, json_file: JsonFile, reference, admission:
             raise
         notes.append(f"fast encoder refused: {exc}")
         return None, None
+    if fast.held_threads:
+        notes.append("fastokens holds to one BPE thread (FASTOKENS_BPE_THREADS=1, set by dtok "
+                     f"on {available_cpus()} CPUs: set the variable to choose)")
     if guard is None:
         logger().warning("dtok: building the fast encoder's guard table for %s (minutes)",
                          files.path)

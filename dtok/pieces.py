@@ -9,13 +9,12 @@ stateless route, the session store and the pool's workers all encode through thi
 """
 from __future__ import annotations
 
-import os
 import threading
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from dtok.chunking import Chunker, split_at
-from dtok.encoders import ReferenceEncoder
+from dtok.encoders import ReferenceEncoder, available_cpus
 from dtok.loading import Lane, Loaded
 from dtok_ext.buffers import IdBuffer, ids_from_list
 from dtok_ext.cuts import ROUTE_FAST, ROUTE_GUARD, CutRules
@@ -23,7 +22,7 @@ from dtok_ext.cuts import ROUTE_FAST, ROUTE_GUARD, CutRules
 if TYPE_CHECKING:
     from dtok.encode_threads import EncodeThreads
 
-__all__ = ["PieceEncoder", "text_class", "available_cpus", "affixed_view"]
+__all__ = ["PieceEncoder", "text_class", "affixed_view"]
 
 # Reference stretches closer than this are sent as one (a piece costs a few microseconds in each
 # encoder; the reference takes ~0.5 us per character).
@@ -135,14 +134,6 @@ def affixed_view(ids, add_special: bool, n_prefix: int, n_suffix: int) -> memory
     """A read-only view of an ID buffer (prefix + body + suffix) with the post-processor's
     affixes (``add_special_tokens``) or without them: the two results one buffer serves."""
     return ids.view() if add_special else ids.view(n_prefix, len(ids) - n_suffix)
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 class PieceEncoder:

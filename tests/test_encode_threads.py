@@ -88,3 +88,50 @@ def test_collected_threads_stop():
     gc.collect()
     worker.join(10)
     assert not worker.is_alive()
+
+
+# fastokens' own BPE threads (dtok.encoders.hold_fastokens_threads): each case in a fresh
+# process, since fastokens reads FASTOKENS_BPE_THREADS once per process
+CHILD = """
+import json, os, sys
+os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
+import dtok
+from dtok import encoders
+encoders.FASTOKENS_OWN_THREADS_MAX_CPUS = int(sys.argv[1])
+tok = dtok.Tokenizer.default(threads=1)
+text = "The quick brown fox jumps over the lazy dog. " * 30000  # one long fastokens call
+assert list(tok.encode(text, add_special_tokens=False)) == \\
+    tok.reference.encode(text, add_special_tokens=False).ids
+print(json.dumps({"env": os.environ.get("FASTOKENS_BPE_THREADS"),
+                  "tasks": len(os.listdir("/proc/self/task")),
+                  "note": any("one BPE thread" in n for n in tok.stats()["notes"])}))
+"""
+
+
+def fastokens_threads_child(max_cpus: int, env_value: str | None) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "FASTOKENS_BPE_THREADS"}
+    if env_value is not None:
+        env["FASTOKENS_BPE_THREADS"] = env_value
+    out = subprocess.run([sys.executable, "-c", CHILD, str(max_cpus)], env=env, check=True,
+                         capture_output=True, text=True, timeout=120)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux")
+def test_fastokens_is_held_to_one_thread_on_few_cpus_unless_the_operator_chose():
+    """On two CPUs (the process is narrowed to two at most) with the variable unset, dtok sets
+    FASTOKENS_BPE_THREADS=1 before fastokens' first call, and fastokens starts no thread of its
+    own for a long call. Control: with the bound below the CPUs, the variable stays unset and,
+    where the process has two CPUs, fastokens starts its own. The operator's setting is kept."""
+    held = fastokens_threads_child(2, None)
+    assert held == {"env": "1", "tasks": 1, "note": True}
+    control = fastokens_threads_child(0, None)
+    assert control["env"] is None and not control["note"]
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert control["tasks"] > 1  # fastokens' own BPE threads, what the hold prevents
+    chosen = fastokens_threads_child(2, "2")
+    assert chosen["env"] == "2" and not chosen["note"]
