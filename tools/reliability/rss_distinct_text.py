@@ -47,11 +47,12 @@ def main() -> None:
 
         tok = with_giga(tok, renew_chars=args.renew_chars)
     st = tok.stats()
-    renew = None
+    renew, giga = None, None
     if st["second_encoder"] == "gigatoken":
         from dtok.encoders import GigaEncoder
 
         renew = args.renew_chars or GigaEncoder.RENEW_CHARS  # what with_giga gave it
+        giga = tok.pieces.second.encoder  # its renewals are printed
     print(f"dtok {dtok.__version__ if hasattr(dtok, '__version__') else ''} {args.file}: encoder "
           f"{st['encoder']}, second {st['second_encoder']} classes {st['second_classes']}"
           f" renew_chars {renew}; loaded RSS {status('VmRSS')} MiB", flush=True)
