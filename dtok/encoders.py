@@ -42,9 +42,10 @@ FASTOKENS_CACHE_VARS = ("FASTOKENS_INPUT_CACHE", "FASTOKENS_SEGMENT_CACHE")
 # FASTOKENS_BPE_THREADS says otherwise (read once per process, at its first long call). On a
 # machine with this many CPUs or fewer, dtok holds it to one where the operator left the
 # variable unset: there its threads compete with dtok's own and a helper woken after a pause
-# starts late. On the 2-vCPU guest dtok is measured on, dtok's default held took 0.66-0.89 of
-# its time beside them on prose and 0.74-0.78 on multilingual text (20 ms apart and back to
-# back), but 1.3x on code back to back, where fastokens' second thread halves one long call
+# starts late. On the 2-vCPU guest dtok is measured on, dtok's default held took 0.66-0.91 of
+# its time beside them on prose and 0.74-0.88 on multilingual text (20 ms apart and back to
+# back, four files), but 1.25-1.35x on code back to back, where fastokens' second thread
+# halves one long call, and up to 1.17x on adversarial text
 # (docs/benchmarks.md#fastokens-own-threads). On 16 CPUs they made one long call 2-3x faster,
 # and dtok's default, which keeps 1M characters of prose in one piece, gets that speed only
 # through them: they are left on there. Between 3 and 15 CPUs nothing was measured.
