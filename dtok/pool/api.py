@@ -37,6 +37,7 @@ import posix_ipc
 
 from dtok.admission import bundled_files
 from dtok.chunking import chunk_count, split_at
+from dtok.encoders import available_cpus
 from dtok.knobs import positive_int
 from dtok.pool import protocol as P
 from dtok.pool import shm
@@ -143,7 +144,7 @@ class Pool(Supervision):
                 positive_int(label, value)
         if stateless_queue not in ("shared", "round_robin"):
             raise ValueError("stateless_queue must be 'shared' or 'round_robin'")
-        self.n_workers = workers or max(1, len(os.sched_getaffinity(0)))
+        self.n_workers = workers or available_cpus()
         self.name = name or f"pool{os.getpid()}"
         self.chunk_threshold, self.chunk_target, self.max_chunks = (
             chunk_threshold, chunk_target, max_chunks)
