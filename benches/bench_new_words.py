@@ -63,11 +63,11 @@ def child(threads: int, name: str, pause_s: float) -> dict[str, list[float]]:
     path = SHARED / "tokenizers" / name
     tok = dtok.Tokenizer.from_file(path, content_lookup=False, threads=threads)
     ref = HF.from_file(str(path / "tokenizer.json"))
+    # every thread started and its encoder's scratch grown, on words the documents lack
+    spare = documents("code", 2_000_000, 1)[0].translate(str.maketrans(LETTERS, LETTERS[::-1]))
     out = {}
     for kind, docs in texts().items():
         wants = [e.ids for e in ref.encode_batch_fast(docs, add_special_tokens=False)]
-        # every thread started and its encoder's scratch grown, on words the documents lack
-        spare = documents("code", 2_000_000, 1)[0].translate(str.maketrans(LETTERS, LETTERS[::-1]))
         tok.encode(spare)
         wall = []
         for doc, want in zip(docs, wants):
