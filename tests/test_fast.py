@@ -778,6 +778,8 @@ def test_threads_take_runs_of_chunks_and_never_wait_for_one_that_did_not_start(m
     from concurrent.futures import Future
 
     from dtok import pieces
+    from dtok.pieces import AUTO_SPLIT_SAVING
+    from dtok.split_choice import SplitChoice
 
     monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
     base = fast_tok("llama3", content_lookup=False)
@@ -793,10 +795,14 @@ def test_threads_take_runs_of_chunks_and_never_wait_for_one_that_did_not_start(m
             return [Future() for _ in jobs]
 
     for tok in (auto, two):
+        # the split rule as a fresh process takes it: the threads left to dtok try the other
+        # choice on their next encode of such work (dtok.split_choice)
+        tok.pieces.split_choice = SplitChoice(AUTO_SPLIT_SAVING)
         ids, seen = encode_recording_threads(monkeypatch, tok, text)
         assert ids == want and len(set(seen)) == 2, seen
         with monkeypatch.context() as patch:
             patch.setattr(tok.pieces, "_pool", lambda: NeverRuns())
+            tok.pieces.split_choice = SplitChoice(AUTO_SPLIT_SAVING)
             done: list = []
             caller = threading.Thread(target=lambda: done.append(
                 encode_recording_threads(monkeypatch, tok, text)), name="caller", daemon=True)

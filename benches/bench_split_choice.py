@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""The threads left to dtok, splitting where this process timed a split faster, against the fixed
+split rule and fixed thread counts, on a server's mixed stream of 1M-character requests.
+
+    python benches/bench_split_choice.py [--tokenizers llama3 qwen3] [--repeats 3]
+                                         [--pause-ms 20 0] [--requests 40]
+
+Each variant runs in a process of its own (the order rotated over the repeats) that answers one
+stream of requests, the text kinds taking turns: windows of the coding-agent transcripts (raw
+JSON), corpus prose (words met again and again), prose with its letters permuted anew for each
+request (every word new), Python code, multilingual and adversarial text; ``--requests`` of
+each kind, each request a fresh string, ``--pause-ms`` apart. Variants: dtok's default (the
+split timed both ways in the process, dtok.split_choice), the same with the fixed rule it
+starts from (``AUTO_SPLIT_SAVING``, the default before), ``threads=1`` and ``threads=2``.
+fastokens is held to one thread of its own on 2 CPUs, as dtok's default does. Every output's
+digest is compared with the reference's, computed first in this process. Printed per repeat
+and kind: each variant's mean (all requests, the choice's trials included), median and P99;
+then the mean's ratio of the default to each other variant, median and range over repeats.
+"""
+from __future__ import annotations
+
+import argparse
+from array import array
+import hashlib
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (SHARED, balanced_order, documents, header, machine, summary,  # noqa: E402
+                    write_json)
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+VARIANTS = ["default", "fixed rule", "threads=1", "threads=2"]
+KINDS = ["transcripts", "prose", "prose, new words", "code", "multilingual", "adversarial"]
+
+
+def transcripts() -> list[str]:
+    folder = SHARED / "corpus" / "transcripts"
+    joined = ""
+    for f in sorted(folder.iterdir()):
+        if f.suffix == ".json":
+            with open(f, encoding="utf-8", newline="") as fh:  # line ends as written
+                joined += fh.read()
+    return [joined[i:i + 1_000_000] for i in range(0, len(joined) - 1_000_000, 1_000_000)]
+
+
+def stream(requests: int) -> list[tuple[str, str]]:
+    """(kind, text) of every request, in order: the same in every process."""
+    pools = {"transcripts": transcripts(), "prose": documents("prose", 1_000_000, 12),
+             "code": documents("code", 1_000_000, 12),
+             "multilingual": documents("multilingual", 1_000_000, 12),
+             "adversarial": documents("adversarial", 1_000_000, 12)}
+    rng = random.Random(11)
+    prose = pools["prose"]
+    out = []
+    for i in range(requests):
+        for kind in KINDS:
+            if kind == "prose, new words":
+                order = list(LETTERS)
+                rng.shuffle(order)
+                text = prose[i % len(prose)].translate(str.maketrans(LETTERS, "".join(order)))
+            else:
+                text = pools[kind][i % len(pools[kind])]
+            out.append((kind, text))
+    return out
+
+
+def digest(ids) -> str:
+    """Of int32 IDs (a buffer or an ``array``)."""
+    return hashlib.blake2b(memoryview(ids).cast("B"), digest_size=16).hexdigest()
+
+
+class FixedRule:
+    """The split rule dtok's default starts from, never changed by timings."""
+
+    def pays(self, saving: float) -> bool:
+        from dtok.pieces import AUTO_SPLIT_SAVING
+        return saving >= AUTO_SPLIT_SAVING
+
+    def record(self, *args) -> None:
+        pass
+
+    def summary(self) -> list:
+        return []
+
+
+def child(variant: str, name: str, pause_s: float, requests: int) -> dict:
+    """Wall times and output digests of one variant's stream, in this fresh process."""
+    import dtok
+
+    threads = {"threads=1": 1, "threads=2": 2}.get(variant)
+    tok = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name, content_lookup=False,
+                                   threads=threads)
+    if variant == "fixed rule":
+        tok.pieces.split_choice = FixedRule()
+    # every thread started and its encoder's scratch grown, on words the stream lacks
+    spare = documents("code", 2_000_000, 1)[0].translate(str.maketrans(LETTERS, LETTERS[::-1]))
+    tok.encode(spare)
+    walls: dict[str, list[float]] = {k: [] for k in KINDS}
+    digests: dict[str, list[str]] = {k: [] for k in KINDS}
+    for kind, text in stream(requests):
+        time.sleep(pause_s)
+        fresh = (text + " ")[:-1]
+        t0 = time.perf_counter()
+        got = tok.encode(fresh, add_special_tokens=False)
+        walls[kind].append(time.perf_counter() - t0)
+        digests[kind].append(digest(got))
+    return {"walls": walls, "digests": digests, "split_timings": tok.stats()["split_timings"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokenizers", nargs="*", default=["llama3", "qwen3"])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--pause-ms", nargs="*", type=float, default=[20.0, 0.0])
+    ap.add_argument("--requests", type=int, default=40, help="requests of each kind")
+    ap.add_argument("--child", nargs=4, metavar=("VARIANT", "TOKENIZER", "PAUSE_MS", "REQUESTS"))
+    args = ap.parse_args()
+    if args.child:
+        variant, name, pause_ms, requests = args.child
+        print(json.dumps(child(variant, name, float(pause_ms) / 1e3, int(requests))))
+        return 0
+    from tokenizers import Tokenizer as HF
+
+    info = machine()
+    print(header(info), flush=True)
+    rows = []
+    for name in args.tokenizers:
+        ref = HF.from_file(str(SHARED / "tokenizers" / name / "tokenizer.json"))
+        want: dict[str, list[str]] = {k: [] for k in KINDS}
+        seen: dict[str, str] = {}
+        for kind, text in stream(args.requests):
+            if text not in seen:
+                ids = ref.encode(text, add_special_tokens=False).ids
+                seen[text] = digest(array("i", ids))
+            want[kind].append(seen[text])
+        del seen
+        for pause_ms in args.pause_ms:
+            ratios: dict[tuple, list[float]] = {}
+            for repeat in range(args.repeats):
+                runs = {}
+                for variant in balanced_order(VARIANTS, repeat):
+                    run = subprocess.run([sys.executable, __file__, "--child", variant, name,
+                                          str(pause_ms), str(args.requests)],
+                                         capture_output=True, text=True)
+                    if run.returncode:
+                        print(run.stdout + run.stderr)
+                        return 1
+                    runs[variant] = json.loads(run.stdout.strip().splitlines()[-1])
+                    wrong = [(k, i) for k in KINDS for i, (a, b) in
+                             enumerate(zip(runs[variant]["digests"][k], want[k])) if a != b]
+                    if wrong:
+                        raise SystemExit(f"WRONG: {name} {variant} {wrong[:5]}")
+                print(f"{name} {pause_ms:.0f} ms apart, repeat {repeat}: the default's timings "
+                      f"{runs['default']['split_timings']}", flush=True)
+                for kind in KINDS:
+                    means = {v: statistics.fmean(runs[v]["walls"][kind]) * 1e3 for v in VARIANTS}
+                    stats = {v: summary(runs[v]["walls"][kind]) for v in VARIANTS}
+                    rows.append({"tokenizer": name, "pause_ms": pause_ms, "repeat": repeat,
+                                 "kind": kind, "mean_ms": means, "summary": stats})
+                    for v in VARIANTS[1:]:
+                        ratios.setdefault((kind, v), []).append(means["default"] / means[v])
+                    print(f"  {kind:17s} " + "  ".join(
+                        f"{v} {means[v]:5.2f}/{stats[v]['median_ms']:5.2f}/"
+                        f"{stats[v]['p99_ms']:5.2f}" for v in VARIANTS)
+                        + "  (mean/median/P99 ms)", flush=True)
+            for kind in KINDS:
+                print(f"== {name} {pause_ms:.0f} ms apart, {kind:17s} default / " + ", ".join(
+                    f"{v} {statistics.median(r):.2f} [{min(r):.2f}-{max(r):.2f}]"
+                    for v in VARIANTS[1:] for r in [ratios[(kind, v)]]), flush=True)
+    path = write_json("split-choice.json", {"machine": info, "args": vars(args), "rows": rows})
+    print(f"every output equal to the reference's; wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
