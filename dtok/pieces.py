@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import threading
 from functools import partial
-from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from dtok.chunking import Chunker, split_at
 from dtok.encoders import ReferenceEncoder, available_cpus
 from dtok.loading import Lane, Loaded
-from dtok.split_choice import LEARN_MIN, SplitChoice, bucket_of
 from dtok_ext.buffers import IdBuffer, ids_from_list
 from dtok_ext.cuts import ROUTE_FAST, ROUTE_GUARD, CutRules
 
@@ -51,18 +49,17 @@ LONGEST_FAST_PIECE = 1 << 20
 RUN_STEP = 2
 # :func:`text_class` reads this many runs of this many characters of a long piece.
 CLASS_RUNS, CLASS_RUN = 16, 256
-# With the threads left to dtok (knob ``threads=None``), work is shared out among threads where
-# the split is expected to save at least this much of it, in characters of Latin text on a fast
-# encoder (~5 ms of fastokens), until this process has timed both choices (a fast encoder's
-# work: dtok.split_choice; the reference's work always by this rule): on the 2-vCPU KVM guest
-# dtok is measured on, with
-# requests spaced out a split of 1M Latin characters (~4 ms) cost 1.07-1.12x one thread's time
-# and of 500K multilingual ones (~10 ms) 1.08x, while 1M multilingual characters (0.87x) and 4M
-# Latin ones (0.67x) gained. (Those were measured before the pool threads were kept off the
-# caller's CPU, dtok.encode_threads; since then 1M Latin characters split measured 0.84-1.01x
-# spaced out, not shown to pay every time, so the bound stays.) An explicit ``threads`` is
-# used as given.
-AUTO_SPLIT_SAVING = 1_250_000
+# With the threads left to dtok (knob ``threads=None``), work is shared out among threads only
+# where the split is expected to save at least this much of it, in characters of Latin text on
+# a fast encoder: on two threads 1M characters of prose or code are split (a saving of 500K
+# characters, ~2 ms of fastokens), 800K stay on one thread. Over a server's stream of
+# 1M-character requests (benches/bench_split_stream.py, the 2-vCPU KVM guest dtok is measured
+# on) a split of Latin text took 0.70-0.95 of one thread's time, 20 ms apart and back to back.
+# Until 2026-12-06 the bound was 1,250,000 (1M Latin characters on one thread), from benches
+# that met each document in a fresh process: a split had cost 1.07-1.12x one thread's time
+# there, but fastokens keeps its memo of words met per thread, and a fresh process's second
+# thread has met none (docs/encoders.md). An explicit ``threads`` is used as given.
+AUTO_SPLIT_SAVING = 450_000
 # Work per character in those units: a fast encoder's other text costs 3-4x its Latin text
 # (1M characters: 11-17 ms against ~4); the reference ~100x (~0.5 us a character). The guard
 # tables record each file's mean (``speed.text_weight``: 1.8-2.9x); weighing by it instead was
@@ -156,7 +153,6 @@ class PieceEncoder:
         self.scan_budget = knobs["scan_budget"][-1]
         self.threads = knobs["threads"] or available_cpus()
         self.auto_threads = knobs["threads"] is None  # split only where it pays (useful_threads)
-        self.split_choice = SplitChoice(AUTO_SPLIT_SAVING)  # what a split was measured to pay
         self._reference_tokenizer = loaded.reference
         self.reference = ReferenceEncoder(loaded.reference)
         use_fast = loaded.fast is not None and knobs["encoder"] != "reference"
@@ -264,31 +260,7 @@ class PieceEncoder:
 
     def encode_body(self, text: str) -> list:
         """Body IDs of one text as a list of buffers, cut into chunks where the stateless route
-        cuts it (:meth:`stateless_cuts`). Where the threads left to dtok had a choice whether to
-        split it, the time is told to :attr:`split_choice`."""
-        trial = self._split_trial(text)
-        if trial is None:
-            return self._encode_body(text)
-        saving, split, work = trial
-        start = perf_counter()
-        parts = self._encode_body(text)
-        self.split_choice.record(saving, split, perf_counter() - start, work)
-        return parts
-
-    def _split_trial(self, text: str) -> tuple[float, bool, float] | None:
-        """For a text whose split :attr:`split_choice` decides: the split's saving, whether it
-        splits, and the text's work (characters of Latin text on a fast encoder)."""
-        n = self.threads
-        if not self.auto_threads or n == 1 or self.main.encoder is self.reference \
-                or len(text) * max(self.text_weight.values()) * (n - 1) < LEARN_MIN * n:
-            return None  # short text: no class sampling
-        work = len(text) * self.text_weight[text_class(text)]
-        saving = work - work / n
-        if bucket_of(saving) is None:
-            return None
-        return saving, self.split_choice.pays(saving), work
-
-    def _encode_body(self, text: str) -> list:
+        cuts it (:meth:`stateless_cuts`)."""
         cuts = self.stateless_cuts(text)
         if cuts:
             return [p for parts in self.encode_texts(split_at(text, cuts)) for p in parts]
@@ -508,33 +480,23 @@ class PieceEncoder:
 
     # --- threads --------------------------------------------------------------------------
 
-    def useful_threads(self, chars: int, weight: float, fast: bool = True) -> int:
+    def useful_threads(self, chars: int, weight: float) -> int:
         """The threads worth sharing ``chars`` characters of work among, each worth ``weight``
         characters of Latin text on a fast encoder: ``threads``, or with the threads left to
-        dtok, 1 where an even split would not pay (:meth:`split_pays`: at first 1M characters
-        of prose stay on one thread, 4M go on two; 1M multilingual ones go on two)."""
+        dtok, 1 where an even split would not pay (:meth:`split_pays`: on two threads 800K
+        characters of prose stay on one thread, 1M go on two; other text counts 3x)."""
         n = self.threads
-        if n > 1 and not self.split_pays(chars, chars / n, weight, fast):
+        if n > 1 and not self.split_pays(chars, chars / n, weight):
             return 1
         return n
 
-    def split_pays(self, chars: float, largest: float, weight: float, fast: bool = True
-                   ) -> bool:
+    def split_pays(self, chars: float, largest: float, weight: float) -> bool:
         """Whether sharing ``chars`` characters of work (each worth ``weight`` characters of
         Latin text on a fast encoder) among threads, the largest share ``largest`` characters,
-        is worth it: always with an explicit ``threads``; with the threads left to dtok, by
-        the saving (the other shares' work, which the other threads take off the largest's
-        thread). The reference's work: where it saves at least AUTO_SPLIT_SAVING. A fast
-        encoder's: where :attr:`split_choice` measured an even split of the work among the
-        ``threads`` to pay (the choice :meth:`encode_body` times), and this split saves at
-        least half as much as that one would."""
-        if not self.auto_threads:
-            return True
-        saving = (chars - largest) * weight
-        if not fast:
-            return saving >= AUTO_SPLIT_SAVING
-        even = chars * weight * (self.threads - 1) / self.threads
-        return saving * 2 >= even and self.split_choice.pays(even)
+        is worth it: always with an explicit ``threads``; with the threads left to dtok, where
+        it saves at least AUTO_SPLIT_SAVING (the other shares' work, which the other threads
+        take off the largest's thread)."""
+        return not self.auto_threads or (chars - largest) * weight >= AUTO_SPLIT_SAVING
 
     def split_threads(self, pieces: list[str]) -> int:
         """The threads :meth:`encode_texts` shares these pieces (a text's chunks) among: the
@@ -554,14 +516,14 @@ class PieceEncoder:
         n = 1 if one else min(self.threads, len(items), max(1, total // PARALLEL_MIN_CHARS))
         if n > 1:
             weight = self.text_weight[items_class(items)] if fast else REFERENCE_WEIGHT
-            n = min(n, self.useful_threads(total, weight, fast))
+            n = min(n, self.useful_threads(total, weight))
         if n == 1:
             return [items]
         groups = _even_runs(items, n, total)
         # uneven items (a piece's two stretches around a guard character, one of them short)
         # make uneven groups: the split must pay as they are, not as an even one would
         largest = max(sum(len(t) for _, t in grp) for grp in groups)
-        return groups if self.split_pays(total, largest, weight, fast) else [items]
+        return groups if self.split_pays(total, largest, weight) else [items]
 
     def _count(self, fast: int = 0, reference: int = 0, second: int = 0) -> None:
         with self._lock:

@@ -298,14 +298,11 @@ class Tokenizer:
         return {**info, "route": "chunked", "why": why}
 
     def stats(self) -> dict[str, Any]:
-        """The encoder in use, why, how many pieces each encoder took so far, and with the
-        threads left to dtok what splitting long texts was measured to cost
-        (``split_timings``: :meth:`dtok.split_choice.SplitChoice.summary`)."""
+        """The encoder in use, why, and how many pieces each encoder took so far."""
         second = self.pieces.second
         return {"encoder": self.encoder.name, "notes": list(self.encoder_notes),
                 "second_encoder": second.encoder.name if second else None,
-                "second_classes": sorted(self.pieces.second_classes), **self.pieces.counts(),
-                "split_timings": self.pieces.split_choice.summary()}
+                "second_classes": sorted(self.pieces.second_classes), **self.pieces.counts()}
 
     def __repr__(self) -> str:
         a = self.admission

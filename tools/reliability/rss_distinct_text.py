@@ -3,6 +3,7 @@
 
     python tools/reliability/rss_distinct_text.py [--file qwen3] [--gigabytes 1]
                                                   [--lane default|gigatoken] [--renew-chars N]
+                                                  [--threads N]
 
 Documents of 1M characters are corpus text (prose, code, multilingual, adversarial in turn)
 with the lowercase letters permuted by a fresh random permutation per document: every word is
@@ -10,7 +11,9 @@ new, so an encoder's pre-token cache sees mostly pre-tokens it has not seen (the
 gigatoken 0.10.0's unbounded cache). ``--lane gigatoken`` makes gigatoken take every piece
 first (the router's private lane, as the tests' ``with_giga``), ``default`` is dtok as loaded.
 Every 50M characters: RSS (VmRSS), its peak (VmHWM), and gigatoken's renewals. IDs are not
-compared here (the tests do that); this measures memory only.
+compared here (the tests do that); this measures memory only. ``--threads N``: dtok's knob
+(default: dtok's own); fastokens keeps its memo of words met per thread, so each encoding thread
+may hold its own.
 """
 import argparse
 import os
@@ -37,11 +40,12 @@ def main() -> None:
     ap.add_argument("--gigabytes", type=float, default=1.0)
     ap.add_argument("--lane", choices=("default", "gigatoken"), default="default")
     ap.add_argument("--renew-chars", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
     import dtok
     from conftest import load_tokenizer, read_text
 
-    tok = load_tokenizer(args.file, content_lookup=False)
+    tok = load_tokenizer(args.file, content_lookup=False, threads=args.threads)
     if args.lane == "gigatoken":
         from test_fast import with_giga
 
@@ -55,7 +59,8 @@ def main() -> None:
         giga = tok.pieces.second.encoder  # its renewals are printed
     print(f"dtok {dtok.__version__ if hasattr(dtok, '__version__') else ''} {args.file}: encoder "
           f"{st['encoder']}, second {st['second_encoder']} classes {st['second_classes']}"
-          f" renew_chars {renew}; loaded RSS {status('VmRSS')} MiB", flush=True)
+          f" renew_chars {renew} threads {tok.threads}; loaded RSS {status('VmRSS')} MiB",
+          flush=True)
     sources = [read_text("prose", "gutenberg-2701_moby-dick.txt"),
                read_text("code", "javascript__lodash__lodash.js.txt"),
                read_text("multilingual", "udhr_all-languages_concatenated.txt"),
