@@ -6,10 +6,12 @@
 
 fastokens keeps state across calls that makes words it has met cheaper (its segment cache off:
 docs/encoders.md, "gigatoken's memory"), so a benchmark that meets the same corpus words again
-and again measures Latin text at its cheapest, where dtok's default keeps 1M characters in one
-piece on one thread (``dtok.pieces.AUTO_SPLIT_SAVING``). This measures ``threads=1`` against
-``threads=2`` where every document is new to the process: each variant runs in a process of its
-own that encodes each document once (the two in alternating order, ``--repeats`` times), on
+and again measures Latin text at its cheapest, where dtok's default kept 1M characters in one
+piece on one thread until the 2026-12-06 bound (``dtok.pieces.AUTO_SPLIT_SAVING``; its memo is
+kept per thread, benches/bench_split_stream.py measures a long-lived process). This measures
+``threads=1`` against ``threads=2`` where every document is new to the process: each variant
+runs in a process of its own that encodes each document once (the two in alternating order,
+``--repeats`` times), on
 1M-character windows of the coding-agent transcripts (raw JSON, as a stateless request holds
 them) and on prose with its letters permuted per document (new words, the same layout). dtok's
 defaults otherwise (fastokens held to one thread of its own on 2 CPUs). Every output is

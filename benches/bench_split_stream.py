@@ -91,9 +91,7 @@ def child(variant: str, name: str, pause_s: float, requests: int) -> dict:
     tok = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name, content_lookup=False,
                                    threads=threads)
     if variant == "before":
-        from dtok import pieces
-
-        pieces.AUTO_SPLIT_SAVING = BOUND_BEFORE  # read at each call
+        tok.pieces.split_saving = BOUND_BEFORE
     # every thread started (8.2M characters: split by every variant with two threads) and its
     # encoder's scratch grown, on words the stream lacks
     spare = documents("code", 8_200_000, 1)[0].translate(str.maketrans(LETTERS, LETTERS[::-1]))

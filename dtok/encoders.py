@@ -45,10 +45,12 @@ FASTOKENS_CACHE_VARS = ("FASTOKENS_INPUT_CACHE", "FASTOKENS_SEGMENT_CACHE")
 # starts late. On the 2-vCPU guest dtok is measured on, dtok's default held took 0.66-0.91 of
 # its time beside them on prose and 0.74-0.88 on multilingual text (20 ms apart and back to
 # back, four files), but 1.25-1.35x on code back to back, where fastokens' second thread
-# halves one long call, and up to 1.17x on adversarial text
+# halves one long call (dtok's default then kept 1M characters of Latin text in one piece; it
+# splits them there since: dtok.pieces.AUTO_SPLIT_SAVING), and up to 1.17x on adversarial text
 # (docs/benchmarks.md#fastokens-own-threads). On 16 CPUs they made one long call 2-3x faster,
-# and dtok's default, which keeps 1M characters of prose in one piece, gets that speed only
-# through them: they are left on there. Between 3 and 15 CPUs nothing was measured.
+# and dtok's default, which keeps 1M characters of prose in one piece beside them
+# (dtok.pieces.AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS), gets that speed only through them: they
+# are left on there. Between 3 and 15 CPUs nothing was measured.
 FASTOKENS_OWN_THREADS_MAX_CPUS = 2
 
 
@@ -166,6 +168,14 @@ def hold_fastokens_threads() -> bool:
 
 
 _held_fastokens_threads = False  # whether hold_fastokens_threads set the variable
+
+
+def fastokens_bpe_threads() -> int:
+    """The BPE threads fastokens shares one long call among in this process:
+    ``FASTOKENS_BPE_THREADS`` where set (:func:`hold_fastokens_threads` sets it on few CPUs),
+    else one per usable CPU."""
+    value = os.environ.get("FASTOKENS_BPE_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else available_cpus()
 
 
 def fastokens_version() -> str | None:

@@ -14,7 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from dtok.chunking import Chunker, split_at
-from dtok.encoders import ReferenceEncoder, available_cpus
+from dtok.encoders import ReferenceEncoder, available_cpus, fastokens_bpe_threads
 from dtok.loading import Lane, Loaded
 from dtok_ext.buffers import IdBuffer, ids_from_list
 from dtok_ext.cuts import ROUTE_FAST, ROUTE_GUARD, CutRules
@@ -60,6 +60,13 @@ CLASS_RUNS, CLASS_RUN = 16, 256
 # there, but fastokens keeps its memo of words met per thread, and a fresh process's second
 # thread has met none (docs/encoders.md). An explicit ``threads`` is used as given.
 AUTO_SPLIT_SAVING = 450_000
+# The bound where fastokens shares one long call among BPE threads of its own (more CPUs than
+# dtok.encoders.FASTOKENS_OWN_THREADS_MAX_CPUS and FASTOKENS_BPE_THREADS unset), and for other
+# main encoders: there a split competes with those threads, and only the bound before was
+# measured (16 cores, 2026-12-04: with it, 1M characters of Latin text on one thread, dtok's
+# default took 0.66-1.43 of fastokens alone's time; a split of 1M of other text on 16 threads
+# lost, 1.53-2.29x: docs/benchmarks.md#on-16-cores).
+AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS = 1_250_000
 # Work per character in those units: a fast encoder's other text costs 3-4x its Latin text
 # (1M characters: 11-17 ms against ~4); the reference ~100x (~0.5 us a character). The guard
 # tables record each file's mean (``speed.text_weight``: 1.8-2.9x); weighing by it instead was
@@ -162,6 +169,9 @@ class PieceEncoder:
         self.second_classes = loaded.second_classes if use_fast else frozenset()
         self.long_piece_classes = loaded.long_piece_classes
         self.text_weight = dict(TEXT_WEIGHT)  # what the split rule weighs a fast encoder's text by
+        one_bpe_thread = self.main.encoder.name == "fastokens" and fastokens_bpe_threads() == 1
+        self.split_saving = AUTO_SPLIT_SAVING if one_bpe_thread \
+            else AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS  # the split rule's bound (split_pays)
         self._run_step = RUN_STEP  # private hook: a step as long as a run takes it whole
         # encode_special_tokens: special-token strings are plain text to the reference, while
         # the fast encoders would match them; stretches holding one go to the reference
@@ -494,9 +504,10 @@ class PieceEncoder:
         """Whether sharing ``chars`` characters of work (each worth ``weight`` characters of
         Latin text on a fast encoder) among threads, the largest share ``largest`` characters,
         is worth it: always with an explicit ``threads``; with the threads left to dtok, where
-        it saves at least AUTO_SPLIT_SAVING (the other shares' work, which the other threads
-        take off the largest's thread)."""
-        return not self.auto_threads or (chars - largest) * weight >= AUTO_SPLIT_SAVING
+        it saves at least :attr:`split_saving` (the other shares' work, which the other threads
+        take off the largest's thread; AUTO_SPLIT_SAVING where fastokens runs one BPE thread a
+        call, AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS otherwise)."""
+        return not self.auto_threads or (chars - largest) * weight >= self.split_saving
 
     def split_threads(self, pieces: list[str]) -> int:
         """The threads :meth:`encode_texts` shares these pieces (a text's chunks) among: the

@@ -729,14 +729,17 @@ def test_long_cut_free_stretches_go_to_the_reference(name):
 def test_default_threads_share_a_text_only_where_the_split_pays(monkeypatch):
     """With the threads left to dtok, a text's chunks go on several threads only where the
     split is expected to save AUTO_SPLIT_SAVING (on two threads 800K characters of prose stay
-    on one, 1M go on two); an explicit ``threads`` is used as given. The IDs are the
-    reference's either way."""
+    on one, 1M go on two), or where fastokens has BPE threads of its own the bound measured
+    beside them (1M characters of prose on one thread); an explicit ``threads`` is used as
+    given. The IDs are the reference's either way."""
     from dtok import pieces
 
     monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
+    monkeypatch.setenv("FASTOKENS_BPE_THREADS", "1")  # as dtok holds it there
     base = fast_tok("qwen3", content_lookup=False)
     auto, two = base.with_knobs(threads=None), base.with_knobs(threads=2)
     assert auto.pieces.threads == two.pieces.threads == 2
+    assert auto.pieces.split_saving == pieces.AUTO_SPLIT_SAVING
     prose = read_text("prose", "gutenberg-2701_moby-dick.txt")
     multi = read_text("multilingual", "udhr_all-languages_concatenated.txt")
     small, mid, large = prose[:800_000], prose[:1_000_000], (prose * 4)[:4_200_000]
@@ -753,6 +756,13 @@ def test_default_threads_share_a_text_only_where_the_split_pays(monkeypatch):
     for text in (small, mid, large, many[-250_000:]):
         want = ref_ids(base, text)
         assert list(auto.encode(text)) == want and list(two.encode(text)) == want
+    # where fastokens shares a call among BPE threads of its own, the bound measured beside them
+    monkeypatch.setenv("FASTOKENS_BPE_THREADS", "2")
+    beside = base.with_knobs(threads=None)
+    assert beside.pieces.split_saving == pieces.AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS
+    assert beside.explain(mid)["route"] == "whole"
+    assert "on 2 thread(s)" in beside.explain(many)["why"]
+    assert list(beside.encode(mid)) == ref_ids(base, mid)
 
 
 def encode_recording_threads(monkeypatch, tok: dtok.Tokenizer, text: str
