@@ -54,7 +54,7 @@ CLASS_RUNS, CLASS_RUN = 16, 256
 # a fast encoder: on two threads 1M characters of prose or code are split (a saving of 500K
 # characters, ~2 ms of fastokens), 800K stay on one thread. Over a server's stream of
 # 1M-character requests (benches/bench_split_stream.py, the 2-vCPU KVM guest dtok is measured
-# on) a split of Latin text took 0.70-0.95 of one thread's time, 20 ms apart and back to back.
+# on) a split of Latin text took 0.71-1.00 of one thread's time, 20 ms apart and back to back.
 # Until 2026-12-06 the bound was 1,250,000 (1M Latin characters on one thread), from benches
 # that met each document in a fresh process: a split had cost 1.07-1.12x one thread's time
 # there, but fastokens keeps its memo of words met per thread, and a fresh process's second
