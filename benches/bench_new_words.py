@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -33,27 +32,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import SHARED, documents, header, machine, summary, write_json  # noqa: E402
-
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
+from common import (LETTERS, SHARED, documents, header, machine, permuted_letters,  # noqa: E402
+                    summary, transcript_windows, write_json)
 
 
 def texts() -> dict[str, list[str]]:
     """The documents of each kind: the same in every process."""
-    folder = SHARED / "corpus" / "transcripts"
-    joined = ""
-    for f in sorted(os.listdir(folder)):
-        if f.endswith(".json"):
-            with open(folder / f, encoding="utf-8", newline="") as fh:  # line ends as written
-                joined += fh.read()
-    windows = [joined[i:i + 1_000_000] for i in range(0, len(joined) - 1_000_000, 1_000_000)]
     rng = random.Random(7)
-    permuted = []
-    for doc in documents("prose", 1_000_000, 9)[:8]:
-        order = list(LETTERS)
-        rng.shuffle(order)
-        permuted.append(doc.translate(str.maketrans(LETTERS, "".join(order))))
-    return {"transcripts": windows, "prose, new words": permuted}
+    permuted = [permuted_letters(doc, rng) for doc in documents("prose", 1_000_000, 9)[:8]]
+    return {"transcripts": transcript_windows(1_000_000), "prose, new words": permuted}
 
 
 def child(threads: int, name: str, pause_s: float) -> dict[str, list[float]]:

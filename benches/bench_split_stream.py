@@ -36,29 +36,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (SHARED, balanced_order, documents, header, machine, summary,  # noqa: E402
-                    write_json)
+from common import (LETTERS, SHARED, balanced_order, documents, header, machine,  # noqa: E402
+                    permuted_letters, summary, transcript_windows, write_json)
 
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
 VARIANTS = ["default", "before", "threads=1", "threads=2"]
 KINDS = ["transcripts", "prose", "prose, new words", "code", "multilingual", "adversarial",
          "multilingual, 400K"]
 BOUND_BEFORE = 1_250_000  # dtok.pieces.AUTO_SPLIT_SAVING until 2026-12-06
 
 
-def transcripts() -> list[str]:
-    folder = SHARED / "corpus" / "transcripts"
-    joined = ""
-    for f in sorted(folder.iterdir()):
-        if f.suffix == ".json":
-            with open(f, encoding="utf-8", newline="") as fh:  # line ends as written
-                joined += fh.read()
-    return [joined[i:i + 1_000_000] for i in range(0, len(joined) - 1_000_000, 1_000_000)]
-
-
 def stream(requests: int) -> list[tuple[str, str]]:
     """(kind, text) of every request, in order: the same in every process."""
-    pools = {"transcripts": transcripts(), "prose": documents("prose", 1_000_000, 12),
+    pools = {"transcripts": transcript_windows(1_000_000), "prose": documents("prose", 1_000_000, 12),
              "code": documents("code", 1_000_000, 12),
              "multilingual": documents("multilingual", 1_000_000, 12),
              "adversarial": documents("adversarial", 1_000_000, 12),
@@ -69,9 +58,7 @@ def stream(requests: int) -> list[tuple[str, str]]:
     for i in range(requests):
         for kind in KINDS:
             if kind == "prose, new words":
-                order = list(LETTERS)
-                rng.shuffle(order)
-                text = prose[i % len(prose)].translate(str.maketrans(LETTERS, "".join(order)))
+                text = permuted_letters(prose[i % len(prose)], rng)
             else:
                 text = pools[kind][i % len(pools[kind])]
             out.append((kind, text))

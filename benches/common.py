@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import sysconfig
@@ -141,6 +142,29 @@ def documents(kind: str, size: int, count: int) -> list[str]:
         src += src
     step = max(1, (len(src) - size) // max(1, count - 1)) if count > 1 else 0
     return [src[i * step : i * step + size] for i in range(count)]
+
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def permuted_letters(text: str, rng: random.Random) -> str:
+    """``text`` with its lowercase letters permuted by a fresh permutation drawn from ``rng``:
+    words new to an encoder, the layout the same."""
+    order = list(LETTERS)
+    rng.shuffle(order)
+    return text.translate(str.maketrans(LETTERS, "".join(order)))
+
+
+def transcript_windows(size: int) -> list[str]:
+    """The coding-agent transcripts (raw JSON, as a stateless request holds them; line ends as
+    written), joined in name order and cut into windows of ``size`` characters."""
+    folder = SHARED / "corpus" / "transcripts"
+    joined = ""
+    for f in sorted(os.listdir(folder)):
+        if f.endswith(".json"):
+            with open(folder / f, encoding="utf-8", newline="") as fh:
+                joined += fh.read()
+    return [joined[i:i + size] for i in range(0, len(joined) - size, size)]
 
 
 def write_json(name: str, payload: dict) -> Path:
