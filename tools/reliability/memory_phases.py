@@ -3,9 +3,9 @@ reset in between through /proc/self/clear_refs), for dtok and for the encoders i
 
     python tools/reliability/memory_phases.py [--tokenizer qwen3] [--docs 3]
 
-One process per row (Linux). Each row: VmRSS after loading, VmHWM while loading, VmRSS after
-encoding ``--docs`` distinct 1M-character prose documents, VmHWM while encoding, and PSS after
-loading and after encoding (MiB).
+dtok is compiled to bytecode first. One process per row (Linux). Each row: VmRSS after
+loading, VmHWM while loading, VmRSS after encoding ``--docs`` distinct 1M-character prose
+documents, VmHWM while encoding, and PSS after loading and after encoding (MiB).
 """
 from __future__ import annotations
 
@@ -72,6 +72,11 @@ def main() -> None:
     args = ap.parse_args()
     path = SHARED / "tokenizers" / args.tokenizer
     prose = SHARED / "corpus" / "prose" / "gutenberg-2701_moby-dick.txt"
+    # dtok's modules as bytecode, as an installed package has them (as tests/test_memory.py
+    # does): with PYTHONDONTWRITEBYTECODE set, a checkout whose bytecode is stale compiles dtok
+    # at every start, and the compiler's memory showed as +6 MiB loaded
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "dtok")], check=True,
+                   capture_output=True)
     print(f"{args.tokenizer}: MiB | loaded | peak while loading | after {args.docs} x 1M | "
           "peak while encoding | PSS loaded | PSS after")
     for mode in MODES:

@@ -3,7 +3,8 @@
 
     python tools/reliability/rss_distinct_text.py [--file qwen3] [--gigabytes 1]
                                                   [--lane default|gigatoken] [--renew-chars N]
-                                                  [--threads N]
+                                                  [--threads N] [--words new|corpus]
+                                                  [--encoders-alone]
 
 Documents of 1M characters are corpus text (prose, code, multilingual, adversarial in turn)
 with the lowercase letters permuted by a fresh random permutation per document: every word is
@@ -13,9 +14,17 @@ first (the router's private lane, as the tests' ``with_giga``), ``default`` is d
 Every 50M characters: RSS (VmRSS), its peak (VmHWM), and gigatoken's renewals. IDs are not
 compared here (the tests do that); this measures memory only. ``--threads N``: dtok's knob
 (default: dtok's own); fastokens keeps its memo of words met per thread, so each encoding thread
-may hold its own.
+may hold its own (memory does not need the cores: 8 threads on 2 CPUs hold what they hold on 8).
+``--words corpus``: the same documents with their letters as written (words repeat, as in a
+server's traffic) instead of ``new``. At the end dtok's encoding threads are stopped and the
+heap trimmed: what is left shows what they held. ``--encoders-alone``: the same documents
+through fastokens alone, with its own BPE threads (``FASTOKENS_BPE_THREADS`` as set, else one
+per CPU), the reference loaded beside it as dtok loads it, the heap trimmed after loading: what
+the memory goal compares with.
 """
 import argparse
+import ctypes
+import gc
 import os
 import random
 import sys
@@ -41,9 +50,20 @@ def main() -> None:
     ap.add_argument("--lane", choices=("default", "gigatoken"), default="default")
     ap.add_argument("--renew-chars", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--words", choices=("new", "corpus"), default="new")
+    ap.add_argument("--encoders-alone", action="store_true")
     args = ap.parse_args()
+    from conftest import load_tokenizer, read_text, tokenizer_path
+
+    if args.encoders_alone:  # dtok not even imported
+        _reference, fast = encoders_alone(tokenizer_path(args.file))
+        encode = lambda text: fast.encode_batch_flat([text], add_special_tokens=False)  # noqa: E731
+        print(f"the reference + fastokens alone, {args.file}: FASTOKENS_BPE_THREADS "
+              f"{os.environ.get('FASTOKENS_BPE_THREADS', 'unset')}; loaded RSS "
+              f"{status('VmRSS')} MiB", flush=True)
+        run(encode, None, args, read_text)
+        return
     import dtok
-    from conftest import load_tokenizer, read_text
 
     tok = load_tokenizer(args.file, content_lookup=False, threads=args.threads)
     if args.lane == "gigatoken":
@@ -61,6 +81,27 @@ def main() -> None:
           f"{st['encoder']}, second {st['second_encoder']} classes {st['second_classes']}"
           f" renew_chars {renew} threads {tok.threads}; loaded RSS {status('VmRSS')} MiB",
           flush=True)
+    run(tok.encode, giga, args, read_text)
+    tok.close()  # the encoding threads end, and with them their state
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    print(f"encoding threads stopped, heap trimmed: RSS {status('VmRSS')} MiB")
+
+
+def encoders_alone(path) -> tuple:
+    """The reference and fastokens loaded from the file (no dtok), the heap trimmed after
+    loading as dtok's is."""
+    import fastokens
+    import tokenizers
+
+    reference = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+    fast = fastokens.Tokenizer.from_file(str(path / "tokenizer.json"))
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return reference, fast
+
+
+def run(encode, giga, args, read_text) -> None:
+    """``--gigabytes`` of documents through ``encode``, RSS every 50M characters."""
     sources = [read_text("prose", "gutenberg-2701_moby-dick.txt"),
                read_text("code", "javascript__lodash__lodash.js.txt"),
                read_text("multilingual", "udhr_all-languages_concatenated.txt"),
@@ -75,8 +116,12 @@ def main() -> None:
         start = rng.randrange(max(1, len(src) - doc_chars))
         perm = list(letters)
         rng.shuffle(perm)
-        doc = src[start:start + doc_chars].translate(str.maketrans(letters, "".join(perm)))
-        tok.encode(doc)
+        doc = src[start:start + doc_chars]
+        if args.words == "new":
+            doc = doc.translate(str.maketrans(letters, "".join(perm)))
+        else:
+            doc = (doc + " ")[:-1]  # a fresh str, as a request's
+        encode(doc)
         total += len(doc)
         i += 1
         if total >= next_report:
