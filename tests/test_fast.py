@@ -384,6 +384,23 @@ def test_chunks_run_on_every_thread():
     assert one.encoder.calls == 1
 
 
+def test_close_ends_the_encoding_threads_and_the_next_encode_starts_them():
+    """``tok.close()`` ends dtok's encoding threads, and with them what the fast encoder keeps
+    on each (its memo of words is per thread: docs/encoders.md); the tokenizer still encodes,
+    exactly, on a thread started again."""
+    tok = _counted(fast_tok("qwen3", threads=2, content_lookup=False).with_knobs())
+    text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:1_000_000]
+    want = ref_ids(tok, text, False)
+    assert list(tok.encode(text, add_special_tokens=False)) == want
+    pool_threads = tok.encoder.threads - {threading.get_ident()}
+    assert len(pool_threads) == 1
+    tok.close()
+    assert not pool_threads & {t.ident for t in threading.enumerate()}
+    tok.encoder.threads.clear()
+    assert list(tok.encode(text, add_special_tokens=False)) == want
+    assert len(tok.encoder.threads - {threading.get_ident()}) == 1
+
+
 def test_one_piece_result_is_the_fast_encoders_buffer():
     """A text encoded in one fast piece with no affix to add is handed out as the encoder's own
     buffer (no copy); with affixes, or in several parts, as one concatenated buffer. Exact
