@@ -5,11 +5,13 @@
                                  [--regimes spaced b2b after-gigatoken busy]
 
 A text in many chunks that dtok's default threads split goes in one contiguous run a thread.
-Since 2026-12-06 a pool thread takes its run ``dtok.pieces.RUN_STEP`` chunks at a time from
-the front, and the calling thread, done with its own run, takes what is left from the back
-(``PieceEncoder._encode_runs``). This compares, in one process and one balanced rotation,
+Since 2026-12-06 a pool thread takes its run a step at a time from the front (since 2026-12-07
+up to ``dtok.pieces.RUN_STEP_CHARS`` characters: two 64K chunks, or one longer piece; before,
+two chunks), and the calling thread, done with its own run, takes what is left from the back
+(``PieceEncoder._encode_runs``). Since 2026-12-07 Llama-3.1's and DeepSeek-V3's other text goes
+in two long pieces a thread, not 64K chunks (``dtok.pieces.LONG_PIECES_PER_THREAD``). This compares, in one process and one balanced rotation,
 three loads of the same file: dtok's default (``steps``), the same with each run taken whole
-(``whole``: the step set through the private hook ``_run_step`` to more than a run, what
+(``whole``: the step set through the private hook ``_run_step_chars`` to more than a run, what
 dtok did before) and ``threads=1`` (``one``), on 1M-character multilingual and adversarial
 documents (each a fresh str; 12 a repeat), with every output compared with the reference.
 Regimes: ``spaced`` (20 ms before each call: the other core idles in between), ``b2b`` (back
@@ -57,7 +59,7 @@ def run(name: str, repeats: int, regimes: list[str]) -> list[dict]:
     # document second was faster (bench_fast.py)
     steps = dtok.Tokenizer.from_file(path, content_lookup=False)
     whole = dtok.Tokenizer.from_file(path, content_lookup=False)
-    whole.pieces._run_step = 1 << 30  # a step longer than any run: each run taken whole
+    whole.pieces._run_step_chars = 1 << 30  # a step longer than any run: each run taken whole
     one = dtok.Tokenizer.from_file(path, content_lookup=False, threads=1)
     toks = {"steps": steps, "whole": whole, "one": one}
     giga = GigaEncoder(steps.tokenizer_json(), steps.reference)

@@ -41,12 +41,21 @@ LONGEST_FAST_STRETCH = 65536
 # fastokens keeps scratch memory for its longest input on each thread (~1 MiB more per thread
 # for a 1M piece than for chunks; a 4M piece: +9 MiB, for good).
 LONGEST_FAST_PIECE = 1 << 20
-# A pool thread encodes its run of pieces (a text's chunks) this many at a time, so that the
-# calling thread, done with its own run, can take the rest from the back: a pool thread whose
-# CPU is shared (another library's threads still spinning there, another process) or that woke
-# late is then not waited for to the end of its run. Each step is one more encoder call (its
-# GIL hand-back: a few microseconds); a step of 2 is 128K characters.
-RUN_STEP = 2
+# Other text that fastokens encodes faster in long pieces (``long_piece_classes``), shared out
+# among threads, goes in this many pieces per thread (each one step of a run, so the calling
+# thread can still take one from the back): over a server's stream on two threads
+# (Llama-3.1, 1M characters of multilingual and adversarial text, 20 ms apart) 0.75 of the time
+# of 64K chunks, level back to back; on Qwen3, whose other text is not such a class, such
+# pieces took 1.15-1.21x back to back (docs/benchmarks.md#default-threads).
+LONG_PIECES_PER_THREAD = 2
+# A pool thread encodes its run of pieces (a text's chunks) in steps of at most this many
+# characters (at least one piece: two chunks of 64K, with room for where their cuts fell, or
+# one longer piece), so that the calling thread, done with its own run, can take the rest from
+# the back: a pool thread whose CPU is shared (another library's threads still spinning there,
+# another process) or that woke late is then not waited for to the end of its run. Each step
+# is one more encoder call and GIL hand-back, which 20 ms after the last call may cost a
+# wake-up.
+RUN_STEP_CHARS = 160_000
 # :func:`text_class` reads this many runs of this many characters of a long piece.
 CLASS_RUNS, CLASS_RUN = 16, 256
 # With the threads left to dtok (knob ``threads=None``), work is shared out among threads only
@@ -118,22 +127,37 @@ def _even_runs(items: list, n: int, total: int | None = None) -> list[list]:
 
 class _TwoEnds:
     """The indices of a run's pieces not yet taken, handed out from either end: a pool thread
-    takes from the front, the calling thread from the back."""
+    takes from the front, the calling thread from the back.
 
-    def __init__(self, n: int) -> None:
-        self.lo, self.hi = 0, n
+    >>> ends = _TwoEnds([60, 60, 60, 200])
+    >>> ends.take(128, back=False), ends.take(128, back=True), ends.take(128, back=False)
+    ((0, 2), (3, 4), (2, 3))
+    """
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+        self.lo, self.hi = 0, len(lengths)
         self._lock = threading.Lock()
 
-    def take(self, n: int, back: bool) -> tuple[int, int] | None:
-        """The next ``n`` indices (fewer at the last) as a range [a, b), or None: all taken."""
+    def take(self, chars: int, back: bool) -> tuple[int, int] | None:
+        """The next pieces, as many as fit in ``chars`` characters (at least one), as a range
+        [a, b) of indices, or None: all taken."""
         with self._lock:
             if self.lo >= self.hi:
                 return None
             if back:
-                a, b = max(self.lo, self.hi - n), self.hi
+                a, b = self.hi - 1, self.hi
+                size = self.lengths[a]
+                while a > self.lo and size + self.lengths[a - 1] <= chars:
+                    a -= 1
+                    size += self.lengths[a]
                 self.hi = a
             else:
-                a, b = self.lo, min(self.hi, self.lo + n)
+                a, b = self.lo, self.lo + 1
+                size = self.lengths[a]
+                while b < self.hi and size + self.lengths[b] <= chars:
+                    size += self.lengths[b]
+                    b += 1
                 self.lo = b
             return a, b
 
@@ -172,7 +196,7 @@ class PieceEncoder:
         one_bpe_thread = self.main.encoder.name == "fastokens" and fastokens_bpe_threads() == 1
         self.split_saving = AUTO_SPLIT_SAVING if one_bpe_thread \
             else AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS  # the split rule's bound (split_pays)
-        self._run_step = RUN_STEP  # private hook: a step as long as a run takes it whole
+        self._run_step_chars = RUN_STEP_CHARS  # private hook: a run's length takes it whole
         # encode_special_tokens: special-token strings are plain text to the reference, while
         # the fast encoders would match them; stretches holding one go to the reference
         self.literal = loaded.literal
@@ -209,16 +233,16 @@ class PieceEncoder:
     def _encode_runs(self, runs: list[list]) -> list[list]:
         """:meth:`encode_texts` of runs of (slot, piece) items, each run routed and encoded on a
         thread of its own, the first on this one. A pool thread takes its run's pieces
-        ``_run_step`` at a time from the front; this thread, done with its own run, takes
+        from the front, up to ``_run_step_chars`` characters a step; this thread, done with its own run, takes
         what is left of the others from the back (so it never waits for a pool thread that
         got its CPU late, or shares it, to the end of its run) and then waits only for the
         steps the pool threads are encoding."""
         texts = [[p for _, p in run] for run in runs]
         out: list[list] = [[None] * len(run) for run in texts]
-        ends = [_TwoEnds(len(run)) for run in texts]
+        ends = [_TwoEnds([len(p) for p in run]) for run in texts]
 
         def drain(k: int, back: bool) -> None:
-            while (span := ends[k].take(self._run_step, back)) is not None:
+            while (span := ends[k].take(self._run_step_chars, back)) is not None:
                 a, b = span
                 out[k][a:b] = self._encode_routed(texts[k][a:b], False)
 
@@ -338,14 +362,14 @@ class PieceEncoder:
         return chars * REFERENCE_WEIGHT if self.main.encoder is self.reference else chars
 
     def chunk_target(self, text: str) -> int:
-        """The chunk length the stateless route aims at for ``text``: one piece per encoding
-        thread, up to LONGEST_FAST_PIECE, for Latin text (:func:`text_class`) on a fast
-        encoder, and for other text where one thread encodes it and the file's guard table
-        measured fastokens faster on it whole (``long_piece_classes``: Llama-3.1 and
-        DeepSeek-V3); else the knob ``chunk_target``: the reference's cost per chunk grows
-        faster than linearly with the chunk's length, on Qwen3 (its NFC) and gpt-oss a 1M
-        document of other text whole took 1.2-1.8x its time in such chunks, and several
-        threads each take a run of other text's chunks."""
+        """The chunk length the stateless route aims at for ``text``, up to
+        LONGEST_FAST_PIECE: on a fast encoder, one piece per encoding thread for Latin text
+        (:func:`text_class`), and for other text where the file's guard table measured
+        fastokens faster on it whole (``long_piece_classes``: Llama-3.1 and DeepSeek-V3) one
+        piece on one thread, LONG_PIECES_PER_THREAD on several; else the knob
+        ``chunk_target``: the reference's cost per chunk grows faster than linearly with the
+        chunk's length, and on Qwen3 (its NFC) and gpt-oss a 1M document of other text whole
+        took 1.2-1.8x its time in such chunks."""
         target = self.chunker.target
         if self.main.encoder is self.reference or self.second is not None:
             return target
@@ -353,9 +377,8 @@ class PieceEncoder:
         if cls not in self.long_piece_classes:
             return target
         threads = self.useful_threads(len(text), self.text_weight[cls])
-        if threads > 1 and cls != "latin":
-            return target
-        return max(target, min(LONGEST_FAST_PIECE, -(-len(text) // threads)))
+        pieces = threads if cls == "latin" or threads == 1 else threads * LONG_PIECES_PER_THREAD
+        return max(target, min(LONGEST_FAST_PIECE, -(-len(text) // pieces)))
 
     def chunk_count(self, text: str) -> int:
         """How many chunks the stateless route cuts ``text`` into (of about

@@ -52,10 +52,10 @@ def test_explain_reports_plan():
 @pytest.mark.parametrize("threads", [1, 3])
 def test_fast_encoder_gets_latin_text_in_one_piece_per_thread(threads):
     """On a fast encoder Latin text is cut into one piece per encoding thread, no piece over
-    LONGEST_FAST_PIECE; other text into chunks of chunk_target for several threads, and on
-    this file (its guard table measured long pieces faster) whole for one
+    LONGEST_FAST_PIECE; other text, on this file (its guard table measured long pieces
+    faster), whole for one thread and LONG_PIECES_PER_THREAD pieces a thread for several
     (PieceEncoder.chunk_target)."""
-    from dtok.pieces import LONGEST_FAST_PIECE
+    from dtok.pieces import LONG_PIECES_PER_THREAD, LONGEST_FAST_PIECE
 
     tok = load_tokenizer("llama3", content_lookup=False, threads=threads)
     prose = read_text("prose", "gutenberg-2701_moby-dick.txt")[:1_000_000]
@@ -66,7 +66,8 @@ def test_fast_encoder_gets_latin_text_in_one_piece_per_thread(threads):
     k = -(-len(longer) // LONGEST_FAST_PIECE)
     assert tok.explain(longer)["requested_chunks"] == max(k, threads)
     other = read_text("multilingual", "udhr_all-languages_concatenated.txt")[:1_000_000]
-    assert tok.explain(other)["requested_chunks"] == (1 if threads == 1 else 16)
+    assert tok.explain(other)["requested_chunks"] == (1 if threads == 1
+                                                      else threads * LONG_PIECES_PER_THREAD)
     assert list(tok.encode(prose)) == ref_ids(tok, prose)
     assert list(tok.encode(other)) == ref_ids(tok, other)
 
@@ -82,6 +83,40 @@ def test_other_text_is_whole_on_one_thread_only_where_measured_faster(name, chun
     assert tok.explain(other)["requested_chunks"] == chunks
     tok.pieces.long_piece_classes = frozenset({"latin"})  # as loaded from a table without it
     assert tok.explain(other)["requested_chunks"] == 16
+
+
+@pytest.mark.parametrize("name, chunks", [("llama3", 4), ("deepseek-v3", 4), ("qwen3", 16),
+                                          ("gpt-oss", 16)])
+def test_other_text_on_two_threads_goes_in_long_pieces_where_measured_faster(name, chunks,
+                                                                              monkeypatch):
+    """Two threads: the same text goes in LONG_PIECES_PER_THREAD pieces a thread where the file's
+    guard table measured fastokens faster on it whole, each piece a step of its own (so the
+    calling thread can take one from the back), else in chunks of chunk_target, two a step.
+    The IDs are the reference's."""
+    import threading
+
+    from dtok.pieces import LONG_PIECES_PER_THREAD, RUN_STEP_CHARS
+
+    tok = load_tokenizer(name, content_lookup=False, threads=2)
+    other = read_text("multilingual", "udhr_all-languages_concatenated.txt")[:1_000_000]
+    ex = tok.explain(other)
+    assert ex["requested_chunks"] == chunks and "on 2 thread(s)" in ex["why"]
+    assert chunks == 16 or chunks == 2 * LONG_PIECES_PER_THREAD
+    caller, steps = threading.get_ident(), []
+    routed = tok.pieces._encode_routed
+
+    def traced(texts, parallel, *rest):
+        steps.append((threading.get_ident() == caller, [len(t) for t in texts]))
+        return routed(texts, parallel, *rest)
+
+    monkeypatch.setattr(tok.pieces, "_encode_routed", traced)
+    assert list(tok.encode(other, add_special_tokens=False)) == ref_ids(tok, other, False)
+    own_run = next(i for i, (mine, _) in enumerate(steps) if mine)  # the caller's own run
+    taken = [lengths for i, (_, lengths) in enumerate(steps) if i != own_run]
+    assert sum(len(x) for _, x in steps) == chunks
+    assert all(len(x) == 1 or sum(x) <= RUN_STEP_CHARS for x in taken), steps
+    assert all(len(x) == 1 for x in taken) if chunks == 4 else \
+        all(len(x) <= 2 for x in taken), steps
 
 
 def test_added_token_boundaries_are_cuts():
@@ -129,7 +164,7 @@ def test_each_thread_routes_its_own_run_of_chunks(name, monkeypatch):
     pieces = tok.pieces
     # each run taken whole: with the steps, which thread takes a run's later chunks is a
     # matter of timing (tests/test_fast.py checks the steps)
-    monkeypatch.setattr(pieces, "_run_step", 1 << 30)
+    monkeypatch.setattr(pieces, "_run_step_chars", 1 << 30)
     routed_by = set()
     encode_routed = pieces._encode_routed
 

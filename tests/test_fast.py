@@ -809,7 +809,7 @@ def test_threads_take_runs_of_chunks_and_never_wait_for_one_that_did_not_start(m
     from dtok import pieces
 
     monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
-    base = fast_tok("llama3", content_lookup=False)
+    base = fast_tok("qwen3", content_lookup=False)  # its other text in 64K chunks on any threads
     auto, two = base.with_knobs(threads=None), base.with_knobs(threads=2)
     multi = read_text("multilingual", "udhr_all-languages_concatenated.txt")
     text = (multi * (1 + 1_000_000 // len(multi)))[:1_000_000]
@@ -845,14 +845,14 @@ def test_the_caller_takes_the_rest_of_a_slow_pool_threads_run_from_the_back(monk
     from dtok import pieces
 
     monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
-    tok = fast_tok("llama3", content_lookup=False).with_knobs(threads=2)
+    tok = fast_tok("qwen3", content_lookup=False).with_knobs(threads=2)
     multi = read_text("multilingual", "udhr_all-languages_concatenated.txt")
     text = (multi * (1 + 1_000_000 // len(multi)))[:1_000_000]
     assert "16 chunks on 2 thread(s)," in tok.explain(text)["why"]
     want = ref_ids(tok, text)
     routed = tok.pieces._encode_routed
     caller = threading.current_thread()
-    for step, caller_takes_more in ((pieces.RUN_STEP, True), (1 << 30, False)):
+    for step, caller_takes_more in ((pieces.RUN_STEP_CHARS, True), (1 << 30, False)):
         chunks = {"caller": 0, "pool": 0}
         pool_took = threading.Event()
 
@@ -871,7 +871,7 @@ def test_the_caller_takes_the_rest_of_a_slow_pool_threads_run_from_the_back(monk
 
         with monkeypatch.context() as patch:
             patch.setattr(tok.pieces, "_encode_routed", slow_pool_thread)
-            patch.setattr(tok.pieces, "_run_step", step)
+            patch.setattr(tok.pieces, "_run_step_chars", step)
             assert list(tok.encode(text)) == want
         assert chunks["caller"] + chunks["pool"] == 16, chunks
         assert (chunks["caller"] > 8) is caller_takes_more, (step, chunks)
