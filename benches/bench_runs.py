@@ -9,15 +9,16 @@ Since 2026-12-06 a pool thread takes its run a step at a time from the front (si
 up to ``dtok.pieces.RUN_STEP_CHARS`` characters: two 64K chunks, or one longer piece; before,
 two chunks), and the calling thread, done with its own run, takes what is left from the back
 (``PieceEncoder._encode_runs``). Since 2026-12-07 Llama-3.1's and DeepSeek-V3's other text goes
-in two long pieces a thread, not 64K chunks (``dtok.pieces.LONG_PIECES_PER_THREAD``). This compares, in one process and one balanced rotation,
-three loads of the same file: dtok's default (``steps``), the same with each run taken whole
-(``whole``: the step set through the private hook ``_run_step_chars`` to more than a run, what
-dtok did before) and ``threads=1`` (``one``), on 1M-character multilingual and adversarial
-documents (each a fresh str; 12 a repeat), with every output compared with the reference.
-Regimes: ``spaced`` (20 ms before each call: the other core idles in between), ``b2b`` (back
-to back), ``after-gigatoken`` (gigatoken 0.10.0 encodes another 1M document right before each
-call: its own threads are still about on both cores, as in a process that holds it too) and
-``busy`` (another process beside, unpinned, spinning 4 ms of every 8: a shared machine).
+in two long pieces a thread, not 64K chunks (``dtok.pieces.LONG_PIECES_PER_THREAD``). This
+compares, in one process and one balanced rotation, three loads of the same file: dtok's default
+(``steps``), the same with each run taken whole (``whole``: the step set through the private
+hook ``_run_step_chars`` to more than a run, what dtok did before) and ``threads=1`` (``one``),
+on 1M-character multilingual and adversarial documents (each a fresh str; 12 a repeat), with
+every output compared with the reference. Regimes: ``spaced`` (20 ms before each call: the other
+core idles in between), ``b2b`` (back to back), ``after-gigatoken`` (gigatoken 0.10.0 encodes
+another 1M document right before each call: its own threads are still about on both cores, as in
+a process that holds it too) and ``busy`` (another process beside, unpinned, spinning 4 ms of
+every 8: a shared machine).
 Printed per regime: each variant's median and P99, and the ratios steps / whole, steps / one,
 whole / one: the median of the per-document ratios in each repeat, then the median and the
 range over the repeats.

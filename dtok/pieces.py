@@ -43,10 +43,11 @@ LONGEST_FAST_STRETCH = 65536
 LONGEST_FAST_PIECE = 1 << 20
 # Other text that fastokens encodes faster in long pieces (``long_piece_classes``), shared out
 # among threads, goes in this many pieces per thread (each one step of a run, so the calling
-# thread can still take one from the back): over a server's stream on two threads
-# (Llama-3.1, 1M characters of multilingual and adversarial text, 20 ms apart) 0.75 of the time
-# of 64K chunks, level back to back; on Qwen3, whose other text is not such a class, such
-# pieces took 1.15-1.21x back to back (docs/benchmarks.md#default-threads).
+# thread can still take one from the back): over a server's stream on two threads (Llama-3.1
+# and DeepSeek-V3, 1M characters of multilingual and adversarial text) 0.72-0.85 of the time
+# of 64K chunks 20 ms apart, 1.03-1.04 back to back (within the noise); on Qwen3, whose other
+# text is not such a class, such pieces took 1.15-1.21x back to back
+# (docs/benchmarks.md#default-threads).
 LONG_PIECES_PER_THREAD = 2
 # A pool thread encodes its run of pieces (a text's chunks) in steps of at most this many
 # characters (at least one piece: two chunks of 64K, with room for where their cuts fell, or
@@ -232,11 +233,11 @@ class PieceEncoder:
 
     def _encode_runs(self, runs: list[list]) -> list[list]:
         """:meth:`encode_texts` of runs of (slot, piece) items, each run routed and encoded on a
-        thread of its own, the first on this one. A pool thread takes its run's pieces
-        from the front, up to ``_run_step_chars`` characters a step; this thread, done with its own run, takes
-        what is left of the others from the back (so it never waits for a pool thread that
-        got its CPU late, or shares it, to the end of its run) and then waits only for the
-        steps the pool threads are encoding."""
+        thread of its own, the first on this one. A pool thread takes its run's pieces from
+        the front, up to ``_run_step_chars`` characters a step; this thread, done with its own
+        run, takes what is left of the others from the back (so it never waits for a pool
+        thread that got its CPU late, or shares it, to the end of its run) and then waits only
+        for the steps the pool threads are encoding."""
         texts = [[p for _, p in run] for run in runs]
         out: list[list] = [[None] * len(run) for run in texts]
         ends = [_TwoEnds([len(p) for p in run]) for run in texts]
