@@ -4,7 +4,7 @@
     python tools/reliability/rss_distinct_text.py [--file qwen3] [--gigabytes 1]
                                                   [--lane default|gigatoken] [--renew-chars N]
                                                   [--threads N] [--words new|corpus]
-                                                  [--encoders-alone]
+                                                  [--encoders-alone] [--emulate-cpus N]
 
 Documents of 1M characters are corpus text (prose, code, multilingual, adversarial in turn)
 with the lowercase letters permuted by a fresh random permutation per document: every word is
@@ -20,7 +20,9 @@ server's traffic) instead of ``new``. At the end dtok's encoding threads are sto
 heap trimmed: what is left shows what they held. ``--encoders-alone``: the same documents
 through fastokens alone, with its own BPE threads (``FASTOKENS_BPE_THREADS`` as set, else one
 per CPU), the reference loaded beside it as dtok loads it, the heap trimmed after loading: what
-the memory goal compares with.
+the memory goal compares with. ``--emulate-cpus N``: dtok's defaults as on N CPUs (dtok is told
+N usable CPUs, and ``FASTOKENS_BPE_THREADS`` defaults to N, as fastokens' own default there);
+memory only, the timings mean nothing.
 """
 import argparse
 import ctypes
@@ -52,6 +54,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--words", choices=("new", "corpus"), default="new")
     ap.add_argument("--encoders-alone", action="store_true")
+    ap.add_argument("--emulate-cpus", type=int, default=None)
     args = ap.parse_args()
     from conftest import load_tokenizer, read_text, tokenizer_path
 
@@ -63,6 +66,12 @@ def main() -> None:
               f"{status('VmRSS')} MiB", flush=True)
         run(encode, None, args, read_text)
         return
+    if args.emulate_cpus:
+        import dtok.encoders
+        import dtok.pieces
+
+        dtok.encoders.available_cpus = dtok.pieces.available_cpus = lambda: args.emulate_cpus
+        os.environ.setdefault("FASTOKENS_BPE_THREADS", str(args.emulate_cpus))
     import dtok
 
     tok = load_tokenizer(args.file, content_lookup=False, threads=args.threads)
