@@ -45,6 +45,11 @@ def status(key: str) -> int:
     return -1
 
 
+def trim_heap() -> None:
+    """Give glibc's free heap back to the system, so that RSS shows what is held."""
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--file", default="qwen3")
@@ -93,7 +98,7 @@ def main() -> None:
     run(tok.encode, giga, args, read_text)
     tok.close()  # the encoding threads end, and with them their state
     gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    trim_heap()
     print(f"encoding threads stopped, heap trimmed: RSS {status('VmRSS')} MiB")
 
 
@@ -105,7 +110,7 @@ def encoders_alone(path) -> tuple:
 
     reference = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
     fast = fastokens.Tokenizer.from_file(str(path / "tokenizer.json"))
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    trim_heap()
     return reference, fast
 
 
@@ -124,7 +129,7 @@ def run(encode, giga, args, read_text) -> None:
         src = sources[i % len(sources)]
         start = rng.randrange(max(1, len(src) - doc_chars))
         perm = list(letters)
-        rng.shuffle(perm)
+        rng.shuffle(perm)  # drawn with --words corpus too: the same documents either way
         doc = src[start:start + doc_chars]
         if args.words == "new":
             doc = doc.translate(str.maketrans(letters, "".join(perm)))
