@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import load_tokenizer, read_text, ref_ids
+from conftest import load_tokenizer, read_text, ref_ids, tokenizer_path
 
 LONG = {
     "prose": lambda: read_text("prose", "gutenberg-2701_moby-dick.txt")[:400_000],
@@ -49,15 +49,32 @@ def test_explain_reports_plan():
     assert tok.explain("short")["route"] == "whole"
 
 
+def needs_real_guard_table(name: str) -> None:
+    """Skip where the real file ``name`` is only in ../shared: the routing of other text these
+    tests expect is read from its guard table's measurement of fastokens on whole 1M-character
+    documents (``speed.long_piece``: Llama-3.1's and DeepSeek-V3's measured long pieces
+    faster), and the small stand-in a clone has instead (tests/conftest.py) has a table
+    without that measurement."""
+    path = tokenizer_path(name)
+    if path.name != name:
+        pytest.skip(f"needs {name}'s own guard table (its speed.long_piece measurement); the "
+                    f"real file is only in ../shared, and its stand-in {path.name}'s table has "
+                    "no such measurement")
+
+
+# llama3: its guard table measured long pieces of other text faster; gpt-oss (a real file in
+# the repository too): slower, its other text keeps the chunks of chunk_target
 @pytest.mark.parametrize("threads", [1, 3])
-def test_fast_encoder_gets_latin_text_in_one_piece_per_thread(threads):
+@pytest.mark.parametrize("name, long_other", [("llama3", True), ("gpt-oss", False)])
+def test_fast_encoder_gets_latin_text_in_one_piece_per_thread(name, long_other, threads):
     """On a fast encoder Latin text is cut into one piece per encoding thread, no piece over
-    LONGEST_FAST_PIECE; other text, on this file (its guard table measured long pieces
-    faster), whole for one thread and LONG_PIECES_PER_THREAD pieces a thread for several
-    (PieceEncoder.chunk_target)."""
+    LONGEST_FAST_PIECE; other text, on a file whose guard table measured long pieces faster,
+    whole for one thread and LONG_PIECES_PER_THREAD pieces a thread for several
+    (PieceEncoder.chunk_target), else in chunks of chunk_target."""
     from dtok.pieces import LONG_PIECES_PER_THREAD, LONGEST_FAST_PIECE
 
-    tok = load_tokenizer("llama3", content_lookup=False, threads=threads)
+    needs_real_guard_table(name)
+    tok = load_tokenizer(name, content_lookup=False, threads=threads)
     prose = read_text("prose", "gutenberg-2701_moby-dick.txt")[:1_000_000]
     ex = tok.explain(prose)
     assert ex["requested_chunks"] == threads and len(ex["cuts"]) == threads - 1, ex["why"]
@@ -66,8 +83,8 @@ def test_fast_encoder_gets_latin_text_in_one_piece_per_thread(threads):
     k = -(-len(longer) // LONGEST_FAST_PIECE)
     assert tok.explain(longer)["requested_chunks"] == max(k, threads)
     other = read_text("multilingual", "udhr_all-languages_concatenated.txt")[:1_000_000]
-    assert tok.explain(other)["requested_chunks"] == (1 if threads == 1
-                                                      else threads * LONG_PIECES_PER_THREAD)
+    long_pieces = 1 if threads == 1 else threads * LONG_PIECES_PER_THREAD
+    assert tok.explain(other)["requested_chunks"] == (long_pieces if long_other else 16)
     assert list(tok.encode(prose)) == ref_ids(tok, prose)
     assert list(tok.encode(other)) == ref_ids(tok, other)
 
@@ -78,6 +95,7 @@ def test_other_text_is_whole_on_one_thread_only_where_measured_faster(name, chun
     """One thread: 1M characters of multilingual text go to fastokens whole where the file's
     guard table measured that faster (``long_piece``), else in chunks of chunk_target; a
     table without the measurement keeps the chunks."""
+    needs_real_guard_table(name)
     tok = load_tokenizer(name, content_lookup=False, threads=1)
     other = read_text("multilingual", "udhr_all-languages_concatenated.txt")[:1_000_000]
     assert tok.explain(other)["requested_chunks"] == chunks
@@ -97,6 +115,7 @@ def test_other_text_on_two_threads_goes_in_long_pieces_where_measured_faster(nam
 
     from dtok.pieces import LONG_PIECES_PER_THREAD, RUN_STEP_CHARS
 
+    needs_real_guard_table(name)
     tok = load_tokenizer(name, content_lookup=False, threads=2)
     other = read_text("multilingual", "udhr_all-languages_concatenated.txt")[:1_000_000]
     ex = tok.explain(other)
