@@ -12,7 +12,8 @@ import pytest
 from conftest import FAMILY_OF, MAIN_FILES, shared_path
 from dtok import tables
 from dtok.families import ACCEPTED, CLASSES, FAMILIES, identify
-from dtok.families.derive import PairChecker
+from dtok.families.derive import PairChecker, gap_texts, gaps_in_every_code_point
+from dtok.families.rules import GAPLESS
 
 FAMILY_NAMES = list(FAMILIES)
 
@@ -110,3 +111,46 @@ def test_table_classes_match_reference_probe(name):
         expected = "+".join(labels) or "O"
         assert t.classes[(t.table[cp] & tables.CLASS_MASK) - 1] == expected, hex(cp)
 
+
+
+# --- Split(behavior="Removed", invert=true): the same split where the pattern is gapless -----
+
+
+@pytest.mark.parametrize("name", sorted(GAPLESS))
+def test_gapless_families_remove_nothing_when_inverted(name):
+    """The argument of rules.py ("Removed and inverted"), re-proved on the installed reference:
+    every string of up to three class representatives and every code point in order split
+    alike under Removed+invert and Isolated."""
+    family = FAMILIES[name]
+    assert gap_texts(family, reps(members_from_table(name))) == []
+    assert gaps_in_every_code_point(family) == []
+
+
+def test_gap_check_finds_the_gaps_of_a_pattern_that_leaves_some():
+    """Control: a pattern matching only letters and digits removes the rest when inverted."""
+    control = FAMILIES["qwen2"]._replace(name="control", splits=(r"\p{L}+|\p{N}",))
+    members = reps(members_from_table("qwen2"))
+    assert gap_texts(control, members)
+    assert gaps_in_every_code_point(control)
+
+
+def _inverted(pre_tokenizer: dict) -> dict:
+    steps = [dict(s) for s in pre_tokenizer["pretokenizers"]]
+    for s in steps[:-1]:
+        s.update(behavior="Removed", invert=True)
+    return {**pre_tokenizer, "pretokenizers": steps}
+
+
+@pytest.mark.parametrize("name", ["llama3", "qwen3", "gpt-oss", "deepseek-v3"])
+def test_removed_inverted_split_is_admitted_only_where_gapless(name):
+    import json
+
+    spec = json.loads(shared_path("tokenizers", name, "tokenizer.json").read_bytes())
+    family, reason = identify(_inverted(spec["pre_tokenizer"]))
+    if FAMILY_OF[name] in GAPLESS:
+        assert family is not None and family.name == FAMILY_OF[name], reason
+    else:
+        assert family is None and "not proven gapless" in reason
+    other = _inverted(spec["pre_tokenizer"])
+    other["pretokenizers"][0]["invert"] = False  # Removed alone drops the matches
+    assert identify(other)[0] is None

@@ -75,6 +75,38 @@ every rejected pair has a counterexample. Per family, what the derivation finds,
     preceding space and following CR/LF. Characters matched by no alternative (controls, format
     characters, unassigned) form gap pieces that run together, so other -> other is rejected.
 
+``qwen35`` (Qwen3.5/3.6)
+    Qwen2's pattern with marks counted as letters: ``[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+`` and
+    `` ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*``, so marks (``M``, a class of their own here; in
+    ``qwen2`` they are "other") extend letter runs and are excluded from punctuation runs.
+    Between classes without marks the derivation finds exactly ``qwen2``'s set. A mark is
+    accepted where a letter is: mark -> {other, digit, whitespace, CR, LF, space, apostrophe}
+    and {digit, CR, LF} -> mark. Rejected, with the reason: letter -> mark, mark -> letter and
+    mark -> mark (one ``[\\p{L}\\p{M}]+`` run: ``"नि"`` is one piece, where ``qwen2`` cuts
+    before the vowel sign); other, whitespace, space or apostrophe -> mark (the run's optional
+    first character, which may itself be a mark, takes the preceding character). Against
+    ``qwen2`` this adds mark -> {other, CR, LF, apostrophe} (there a punctuation run went on
+    through the mark and took following CR/LF) and drops letter -> mark (accepted there as
+    letter -> other).
+
+Removed and inverted
+--------------------
+Some files (OLMo-3: Llama 3's pattern; MiniMax-M3: o200k's) write the split as
+``Split(pattern, behavior="Removed", invert=true)``: the matches are the pieces and the text
+between them is dropped. Where the pattern's matches tile every text, nothing is dropped and the
+pieces are exactly the Isolated split's, so the family's classes, transitions and tables hold
+unchanged. They tile when a match starts wherever the previous one ended: the scan restarts at
+that position with no look-behind or anchor, so whether a non-empty match starts there depends
+only on the characters from there on, and these patterns decide it on the first character (every
+class starts some alternative: letter runs, digits, punctuation runs, ``\\s+``) and at most
+one more (the look-ahead ``(?!\\S)``). Characters of one class are alike to the pattern (above), so
+every string of up to three class representatives covers every case;
+:func:`dtok.families.derive.gap_texts` finds none for the families in :data:`GAPLESS`, and
+:func:`~dtok.families.derive.gaps_in_every_code_point` none over every code point in order
+(both re-run by ``tests/test_families.py``, with a control pattern whose gaps they find).
+Families with several splits (DeepSeek's digit and CJK splits match only some characters) are
+not gapless.
+
 Normalization and added tokens are separate conditions (:mod:`dtok_ext.cuts`).
 """
 from __future__ import annotations
@@ -84,7 +116,7 @@ from typing import Any, NamedTuple
 
 from dtok.digests import sha256
 
-__all__ = ["Family", "FAMILIES", "identify"]
+__all__ = ["Family", "FAMILIES", "GAPLESS", "identify"]
 
 _CONTRACTION_LETTERS = tuple((ch, f"(?i:{ch})") for ch in "strevmld")
 
@@ -95,6 +127,11 @@ _QWEN2 = (
 _LLAMA3 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Qwen3.5/3.6: Qwen2's pattern with marks (\p{M}) counted as letters.
+_QWEN35 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _O200K = (
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
@@ -113,6 +150,12 @@ _DEEPSEEK_V3 = (
 )
 
 _WS_ATOMS = (("W", r"\s"), ("CR", r"\r"), ("LF", r"\n"), ("SP", " "))
+
+# One-split families whose pattern leaves no gap: Split(behavior="Removed", invert=true) keeps
+# exactly the matches, so where the matches tile the text it splits as Isolated does (the
+# argument: module docstring, "Removed and inverted"; tests/test_families.py re-proves it on
+# the installed reference).
+GAPLESS = frozenset({"qwen2", "llama3", "o200k", "qwen35"})
 
 
 class Family(NamedTuple):
@@ -168,6 +211,14 @@ FAMILIES: dict[str, Family] = {
                 ("M", r"\p{M}"), *_WS_ATOMS,
             ),
         ),
+        Family(
+            "qwen35",
+            (_QWEN35,),
+            (
+                ("L", r"\p{L}"), ("M", r"\p{M}"), ("N", r"\p{N}"), *_WS_ATOMS, ("APOS", "'"),
+                *_CONTRACTION_LETTERS,
+            ),
+        ),
     )
 }
 
@@ -187,16 +238,29 @@ def identify(pre_tokenizer: dict[str, Any] | None) -> tuple[Family | None, str]:
     if byte_level.get("add_prefix_space") or byte_level.get("use_regex", True):
         return None, "ByteLevel pre-tokenizer with add_prefix_space or use_regex"
     patterns = []
+    kept_matches = False  # some step is Split(behavior="Removed", invert=true)
     for step in steps[:-1]:
         if step.get("type") != "Split":
             return None, f"pre-tokenizer step {step.get('type')!r} is not a Split"
-        if step.get("behavior") != "Isolated" or step.get("invert"):
-            return None, "Split with behavior other than Isolated, or inverted"
+        form = (step.get("behavior"), bool(step.get("invert")))
+        if form == ("Removed", True):
+            kept_matches = True
+        elif form != ("Isolated", False):
+            return None, (f"Split with behavior {form[0]} and invert={str(form[1]).lower()} "
+                          "(admitted: Isolated, or Removed with invert=true for a gapless "
+                          "pattern)")
         pattern = step.get("pattern", {})
         if "Regex" not in pattern:
             return None, "Split on a plain string"
         patterns.append(pattern["Regex"])
     for family in FAMILIES.values():
         if tuple(patterns) == family.splits:
-            return family, f"pre-tokenizer family {family.name}"
+            if not kept_matches:
+                return family, f"pre-tokenizer family {family.name}"
+            if family.name in GAPLESS:
+                return family, (f"pre-tokenizer family {family.name} (Split Removed with "
+                                "invert=true: the pattern matches every character, so nothing "
+                                "is removed and the pieces are the Isolated ones)")
+            return None, (f"Split Removed with invert=true on family {family.name}'s pattern, "
+                          "which is not proven gapless (it could remove text)")
     return None, "unknown split pattern(s): " + " | ".join(p[:60] for p in patterns)

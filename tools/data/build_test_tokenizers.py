@@ -78,6 +78,7 @@ TINY = {
     "llama3": ("llama3", 4096),
     "deepseek-v3": ("deepseek_v3", 4096),
     "gpt-oss": ("o200k", 4096),
+    "qwen3.5": ("qwen35", 4096),
 }
 GPT_OSS_SHA256 = "0614fe83cadab421296e664e1f48f4261fa8fef6e03e63bb75c20f38e37d07d3"
 
