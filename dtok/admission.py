@@ -39,6 +39,9 @@ class Admission(NamedTuple):
     suffix: tuple[int, ...] = ()  # ... and after it
     added_tokens: tuple[str, ...] = ()
     special_tokens: tuple[str, ...] = ()  # those marked special
+    # strings tokenizer_config.json declares as tokens that the file does not hold: an engine
+    # that loads both adds them, so cuts keep away from them too
+    declared_tokens: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
         return self.admitted
@@ -302,6 +305,12 @@ def admit(files: TokenizerFiles, spec: dict[str, Any], reference) -> Admission:
         elif prefix or suffix:
             notes.append(f"post-processor adds prefix {list(prefix)} suffix {list(suffix)}")
 
+    have = {t.content for t in added}
+    declared = tuple(t for t in declared_tokens(files.config) if t not in have)
+    if declared:
+        notes.append(f"{len(declared)} token string(s) declared only by tokenizer_config.json "
+                     f"(e.g. {declared[0]!r}): cuts keep away from them too")
+
     admitted = not refused
     return Admission(
         admitted=admitted,
@@ -313,4 +322,34 @@ def admit(files: TokenizerFiles, spec: dict[str, Any], reference) -> Admission:
         suffix=affixes[1] if affixes else (),
         added_tokens=tuple(t.content for t in added if t.content),
         special_tokens=tuple(t.content for t in added if t.content and t.special),
+        declared_tokens=declared,
     )
+
+
+def declared_tokens(config: dict[str, Any] | None) -> list[str]:
+    """The token strings a ``tokenizer_config.json`` declares: its ``added_tokens_decoder``,
+    additional and extra special tokens, and the named ones (bos, eos, pad, unk, ...)."""
+    if not isinstance(config, dict):
+        return []
+    found: list[str] = []
+
+    def take(value) -> None:
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, dict):
+            if isinstance(value.get("content"), str):
+                found.append(value["content"])
+            else:
+                for v in value.values():
+                    take(v)
+        elif isinstance(value, list):
+            for v in value:
+                take(v)
+
+    take(config.get("added_tokens_decoder"))
+    take(config.get("additional_special_tokens"))
+    take(config.get("extra_special_tokens"))
+    for key in ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token",
+                "mask_token"):
+        take(config.get(key))
+    return [t for t in dict.fromkeys(found) if t]

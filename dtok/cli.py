@@ -374,19 +374,22 @@ def cmd_bench(args) -> int:
 
 
 def cmd_guards(args) -> int:
-    from dtok import guards
-    from dtok.encoders import FastEncoder, FastEncoderError
+    from dtok import guards, probes
+    from dtok.encoders import FastEncoderError, fastokens_version
 
     tok = _load(args.path, need_admitted=True, encoder="reference")
-    try:
-        fast = FastEncoder(tok.tokenizer_json(), tok.reference)
-    except FastEncoderError as exc:
-        raise CliError(str(exc)) from None
     a = tok.admission
+    found = guards.load(a.sha256, fastokens_version() or "")
+    if found is not None:
+        print(f"guard table already there: {found.source}")
+        return 0
     progress = Progress(1, "guards")
-    table = guards.build(tok.reference, fast, a.sha256, progress=progress.note,
-                         nfc_family=a.family if a.nfc else None)
-    progress.close()
+    try:
+        table = probes.probe(str(tok.files.path), a.sha256, progress.note)
+    except (FastEncoderError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        progress.close()
     print(f"{len(table.disagree)} disagreeing code points; guard table written to {table.source}")
     return 0
 
@@ -443,7 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--appends", type=int, default=100)
     p.set_defaults(fn=cmd_bench)
 
-    p = sub.add_parser("guards", help="build the fast encoder's guard table for a file")
+    p = sub.add_parser("guards", help="probe now what a first load of the file probes in the "
+                       "background (its guard table, into the cache)")
     p.add_argument("path", help="tokenizer.json or its directory")
     p.set_defaults(fn=cmd_guards)
     return ap

@@ -30,7 +30,10 @@ from typing import Protocol
 from dtok_ext.buffers import ids_from_list
 from dtok_ext.utf8 import cache_utf8, cache_utf8_each
 
-FASTOKENS_VERSION = "0.3.5"  # the version the guard tables and the verification were built for
+# The versions the shipped guard tables and the load checks were built for. Another release of
+# the same series (its API) is used too: its guard tables are probed on first use
+# (dtok.probes); another series is refused with the reason.
+FASTOKENS_VERSION = "0.3.5"
 GIGATOKEN_VERSION = "0.10.0"
 STRETCH_CHARS = 65536  # reference stretches up to this size in all avoid the rayon pool
 
@@ -196,13 +199,22 @@ def _without_cache_env():
 
 
 def _pinned(name: str, installed: str | None, pinned: str) -> str:
-    """The installed version of a fast encoder, which must be the one dtok's guards are for."""
+    """The installed version of a fast encoder: ``pinned`` or a later release of its series
+    (the same major.minor), whose guard tables are probed on first use."""
     if installed is None:
         raise FastEncoderError(f"{name} is not installed (pip install 'dtok[fast]')")
-    if installed != pinned:
-        raise FastEncoderError(f"{name} {installed} is installed; dtok's guards and checks "
-                               f"are for {pinned}")
+    if _series(installed) != _series(pinned) or _release(installed) < _release(pinned):
+        raise FastEncoderError(f"{name} {installed} is installed; dtok uses {pinned} or a later "
+                               f"{'.'.join(map(str, _series(pinned)))}.x release (its API)")
     return installed
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def _series(version: str) -> tuple[int, ...]:
+    return _release(version)[:2]
 
 
 class JsonFile:

@@ -104,10 +104,19 @@ def file_name(sha256: str, fast_version: str, encoder: str = "fastokens") -> str
             f"-schema{SCHEMA}.json")
 
 
-def load(sha256: str, fast_version: str, encoder: str = "fastokens") -> GuardTable | None:
-    """The guard table for this file, these versions and this fast encoder, if one was built."""
+def exists(sha256: str, fast_version: str, encoder: str = "fastokens") -> bool:
+    """Whether a guard table for this file, these versions and this encoder ships or is cached
+    (without reading it)."""
     name = file_name(sha256, fast_version, encoder)
-    for path in (BUNDLED_DIR / name, tables.cache_dir() / "guards" / name):
+    return (BUNDLED_DIR / name).exists() or (tables.cache_dir() / "guards" / name).exists()
+
+
+def load(sha256: str, fast_version: str, encoder: str = "fastokens", folder: str = ""
+         ) -> GuardTable | None:
+    """The guard table for this file, these versions and this fast encoder, if one was built
+    (``folder``: a subfolder of the shipped and cached tables, e.g. ``pipelines``)."""
+    name = file_name(sha256, fast_version, encoder)
+    for path in (BUNDLED_DIR / folder / name, tables.cache_dir() / "guards" / folder / name):
         if path.exists():
             d = json.loads(path.read_text())
             if d.get("sha256") != sha256 or d.get("encoder", "fastokens") != encoder:
@@ -142,10 +151,10 @@ def build(reference, fast: FastEncoder, sha256: str, out_dir: Path | None = None
     else:
         checked = {"vocab_strings": check_vocabulary(reference, fast)}
         say(f"vocabulary: {checked['vocab_strings']} entries agree ({time.time() - t0:.0f} s)")
-        sep = _separator(reference)
+        sep = separator(reference)
         cps = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
         for ctx in CONTEXTS:
-            for cp, _ in _probe_context(reference, fast, ctx, cps, sep):
+            for cp, _ in probe_context(reference, fast, ctx, cps, sep):
                 disagree.setdefault(cp, []).append(ctx)
             say(f"context {ctx!r}: {len(disagree)} code points disagree so far "
                 f"({time.time() - t0:.0f} s)")
@@ -172,11 +181,18 @@ def build(reference, fast: FastEncoder, sha256: str, out_dir: Path | None = None
                 disagree.setdefault(cp, []).append("nfc")
             nfc["guarded"] = _ranges(sorted(nfc_guards))
             nfc["rounds"] = rounds
+    return save(sha256, fast, disagree, checked, nfc, out_dir or tables.cache_dir() / "guards",
+                speed)
+
+
+def save(sha256: str, fast: FastEncoder, disagree: dict[int, list[str]], checked: dict,
+         nfc: dict, out_dir: Path, speed: dict | None = None) -> GuardTable:
+    """Write what the probes found (``disagree``: code point -> the contexts where the encoders
+    differed) as the guard table of ``sha256`` for ``fast``'s version, into ``out_dir``."""
     table = GuardTable(sha256, tables.tokenizers_version(), fast.version,
                        tuple(sorted(disagree)), checked, "", nfc, fast.name, speed or {})
-    out = out_dir or tables.cache_dir() / "guards"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / file_name(sha256, fast.version, fast.name)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / file_name(sha256, fast.version, fast.name)
     payload = {"sha256": sha256, "tokenizers": table.tokenizers, fast.name: table.fastokens,
                "disagree": list(table.disagree),
                "disagree_contexts": {f"{c:04X}": v for c, v in sorted(disagree.items())},
@@ -346,14 +362,16 @@ def _hitting_set(failed: list[str]) -> set[int]:
     return chosen
 
 
-def _separator(reference) -> str | None:
+def separator(reference) -> str | None:
+    """The string of the file's first special added token: probes joined with it are encoded
+    independently inside one text (both encoders match it first), or None."""
     for tok in reference.get_added_tokens_decoder().values():
         if tok.special and tok.content:
             return tok.content
     return None
 
 
-def _probe_context(reference, fast, ctx: str, cps: list[int], sep: str | None):
+def probe_context(reference, fast, ctx: str, cps: list[int], sep: str | None):
     """Yield (code point, context) where the two encoders disagree."""
     for k in range(0, len(cps), _BLOCK):
         block = cps[k : k + _BLOCK]

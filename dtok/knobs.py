@@ -30,8 +30,12 @@ KNOBS: dict[str, Any] = {
     # the reference's switch of that name: special-token strings in the text are plain text
     # (encoded as the characters they are made of), not the special tokens' IDs
     "encode_special_tokens": False,
+    # a file with no guard table for the installed versions: "background" probes for one in a
+    # child process at the lowest priority while the reference serves (dtok.probes); "off"
+    "guard_probes": "background",
 }
 ENCODERS = ("auto", "fast", "reference")
+GUARD_PROBES = ("background", "off")
 _COUNTS = ("chunk_threshold", "chunk_target", "max_chunks", "max_sessions", "session_bytes",
            "lookup_entries", "anchor_spacing", "edit_budget")
 
@@ -62,6 +66,8 @@ def validate(knobs: dict[str, Any]) -> dict[str, Any]:
     k["scan_budget"] = budget
     if k["encoder"] not in ENCODERS:
         raise ValueError(f"encoder must be one of {ENCODERS}, got {k['encoder']!r}")
+    if k["guard_probes"] not in GUARD_PROBES:
+        raise ValueError(f"guard_probes must be one of {GUARD_PROBES}, got {k['guard_probes']!r}")
     for name in ("content_lookup", "encode_special_tokens"):
         if type(k[name]) is not bool:
             raise ValueError(f"{name} must be a bool, got {k[name]!r}")

@@ -3,6 +3,10 @@ behind their guard tables (:mod:`dtok.guards`). What this makes is one :class:`L
 shared by every :meth:`dtok.Tokenizer.with_knobs` copy of a tokenizer."""
 from __future__ import annotations
 
+import os
+import threading
+import weakref
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from dtok import guards, tables
@@ -13,7 +17,7 @@ from dtok.logs import logger
 from dtok_ext.cuts import CutRules
 from dtok_ext.specials import SpecialMatcher
 
-__all__ = ["Lane", "Loaded", "load", "SECOND_WINS", "LONG_PIECE_WINS"]
+__all__ = ["Lane", "Loaded", "FastParts", "Upgrade", "load", "SECOND_WINS", "LONG_PIECE_WINS"]
 
 # The second fast encoder takes a text class when its guard table measured it at most this
 # fraction of fastokens' time on that class (a margin over the measurement's noise).
@@ -57,12 +61,16 @@ class Loaded(NamedTuple):
     # them) never get
     encode_special_tokens: bool = False
     literal: SpecialMatcher | None = None
+    # where no guard table covered the file: the background probes and what they bring
+    upgrade: "Upgrade | None" = None
 
 
 def load(files: TokenizerFiles, encoder: str = "auto",
-         encode_special_tokens: bool = False) -> Loaded:
-    """Load ``files``; ``encoder`` and ``encode_special_tokens`` are the knobs of those names
-    ("reference": no fast encoder is loaded; "fast": FastEncoderError unless one is)."""
+         encode_special_tokens: bool = False, guard_probes: str = "background") -> Loaded:
+    """Load ``files``; ``encoder``, ``encode_special_tokens`` and ``guard_probes`` are the knobs
+    of those names ("reference": no fast encoder is loaded; "fast": FastEncoderError unless
+    one is; ``guard_probes="background"``: where no guard table covers the file, probe for one
+    in the background (:mod:`dtok.probes`) and take the fast encoder when it is done)."""
     from tokenizers import Tokenizer as Reference
 
     try:
@@ -73,40 +81,24 @@ def load(files: TokenizerFiles, encoder: str = "auto",
     # parsed only after the reference has loaded and freed its own parse: a lower peak
     admission = admit(files, files.outline(), reference)
     notes: list[str] = []
-    rules, fast, nfc_by_fast, second, second_classes = None, None, False, None, frozenset()
-    long_piece_classes = frozenset({"latin"})
+    rules, fast = None, _NO_FAST
+    upgrade = None
     if admission.admitted:
-        t = tables.load(admission.family)
-        table = t.table
-        # with encode_special_tokens the reference matches only the added tokens not marked
-        # special: those are the boundaries the cut rules know
-        literal_set = set(admission.special_tokens) if encode_special_tokens else set()
-        specials = SpecialMatcher([s for s in admission.added_tokens if s not in literal_set])
-        normalize = reference.normalizer.normalize_str if admission.nfc else None
         if encoder != "reference":
+            table_sha = _table_sha(files, admission, notes)
             with JsonFile(files.raw or reference.to_str().encode("utf-8")) as json_file:
                 # the memory file holds the bytes now: a caller that handed them over (a path
                 # given to Tokenizer) lets them go here, before the fast encoders parse
+                path = files.path
                 files = files.released()
-                fast, guard = _load_fast(files, json_file, reference, admission,
-                                         encoder == "fast", notes)
-                giga, giga_guard = _load_giga(json_file, reference, admission, fast is not None,
-                                              notes)
-            if fast is None and giga is not None:  # gigatoken is the only one
-                fast, guard, giga = giga, giga_guard, None
-            if guard is not None:
-                nfc_by_fast = admission.nfc and guard.nfc_proven
-                table = guards.guarded_table(table, guard, nfc_by_fast)
-                if guard.encoder == "fastokens":
-                    long_piece_classes |= {c for c, r in guard.speed.get("long_piece", {}).items()
-                                           if r <= LONG_PIECE_WINS}
-            if giga is not None:
-                nfc = admission.nfc and giga_guard.nfc_proven
-                second = Lane(giga, CutRules(guards.guarded_table(t.table, giga_guard, nfc),
-                                             t.accept, specials, normalize), nfc)
-                second_classes = frozenset(
-                    c for c, r in giga_guard.speed.get("ratio", {}).items() if r <= SECOND_WINS)
-        rules = CutRules(table, t.accept, specials, normalize)
+                fast = _fast_parts(json_file, reference, admission, table_sha,
+                                   encoder == "fast", notes, encode_special_tokens)
+            if fast.encoder is None and guard_probes == "background" \
+                    and fastokens_version() is not None and not encode_special_tokens:
+                # (with encode_special_tokens the fast encoder's load check, which compares
+                # with the reference's default behaviour, could not run on the live reference)
+                upgrade = Upgrade(path, table_sha)
+        rules = fast.rules or _rules(admission, reference, encode_special_tokens)
     elif encoder == "fast":
         raise FastEncoderError("encoder='fast' needs an admitted file: "
                                + "; ".join(admission.reasons))
@@ -119,21 +111,158 @@ def load(files: TokenizerFiles, encoder: str = "auto",
             literal = SpecialMatcher(admission.special_tokens)
             notes.append(f"encode_special_tokens: {len(admission.special_tokens)} special-token "
                          "strings are plain text; stretches holding one go to the reference")
-    loaded = Loaded(files.released(), reference, admission, rules, fast, nfc_by_fast, second,
-                    second_classes, tuple(notes), long_piece_classes, encode_special_tokens,
-                    literal)
+    loaded = Loaded(files.released(), reference, admission, rules, fast.encoder,
+                    fast.nfc_by_fast, fast.second, fast.second_classes, tuple(notes),
+                    fast.long_piece_classes, encode_special_tokens, literal, upgrade)
+    if upgrade is not None:
+        upgrade.start(loaded)
     _release_free_heap()
     return loaded
 
 
-def _load_fast(files: TokenizerFiles, json_file: JsonFile, reference, admission: Admission,
+class FastParts(NamedTuple):
+    """The fast encoders of a file and the cut rules that guard the main one."""
+
+    encoder: Any  # FastEncoder | GigaEncoder | None
+    rules: CutRules | None  # None: no fast encoder (the family's own rules serve)
+    nfc_by_fast: bool
+    second: Lane | None
+    second_classes: frozenset[str]
+    long_piece_classes: frozenset[str]
+
+
+_NO_FAST = FastParts(None, None, False, None, frozenset(), frozenset({"latin"}))
+
+
+def _specials(admission: Admission, encode_special_tokens: bool) -> SpecialMatcher:
+    # with encode_special_tokens the reference matches only the added tokens not marked
+    # special: those are the boundaries the cut rules know
+    literal_set = set(admission.special_tokens) if encode_special_tokens else set()
+    return SpecialMatcher([s for s in admission.added_tokens if s not in literal_set])
+
+
+def _rules(admission: Admission, reference, encode_special_tokens: bool,
+           table: bytes | None = None) -> CutRules:
+    """The cut rules of an admitted file (``table``: its family's, with guard bits added)."""
+    t = tables.load(admission.family)
+    normalize = reference.normalizer.normalize_str if admission.nfc else None
+    return CutRules(t.table if table is None else table, t.accept,
+                    _specials(admission, encode_special_tokens), normalize,
+                    SpecialMatcher(list(admission.declared_tokens)))
+
+
+def _fast_parts(json_file: JsonFile, reference, admission: Admission, table_sha: str,
+                strict: bool, notes: list[str], encode_special_tokens: bool) -> FastParts:
+    """The fast encoders whose guard tables (keyed ``table_sha``) exist, with their rules."""
+    fast, guard = _load_fast(json_file, reference, admission, table_sha, strict, notes)
+    giga, giga_guard = _load_giga(json_file, reference, admission, table_sha,
+                                  fast is not None, notes)
+    if fast is None and giga is not None:  # gigatoken is the only one
+        fast, guard, giga = giga, giga_guard, None
+    if fast is None:
+        return _NO_FAST
+    family_table = tables.load(admission.family).table
+    nfc_by_fast = admission.nfc and guard.nfc_proven
+    rules = _rules(admission, reference, encode_special_tokens,
+                   guards.guarded_table(family_table, guard, nfc_by_fast))
+    long_piece_classes = frozenset({"latin"})
+    if guard.encoder == "fastokens":
+        long_piece_classes |= {c for c, r in guard.speed.get("long_piece", {}).items()
+                               if r <= LONG_PIECE_WINS}
+    second, second_classes = None, frozenset()
+    if giga is not None:
+        nfc = admission.nfc and giga_guard.nfc_proven
+        second = Lane(giga, _rules(admission, reference, encode_special_tokens,
+                                   guards.guarded_table(family_table, giga_guard, nfc)), nfc)
+        second_classes = frozenset(
+            c for c, r in giga_guard.speed.get("ratio", {}).items() if r <= SECOND_WINS)
+    return FastParts(fast, rules, nfc_by_fast, second, second_classes, long_piece_classes)
+
+
+def _table_sha(files: TokenizerFiles, admission: Admission, notes: list[str]) -> str:
+    """The SHA-256 the file's guard tables are keyed by: its own where a table for it exists,
+    else that of a known file with the same content (:func:`dtok.probes.equivalent_sha`)."""
+    versions = [(v, name) for v, name in ((fastokens_version(), "fastokens"),
+                                          (gigatoken_version(), "gigatoken")) if v]
+    if not versions or any(guards.exists(admission.sha256, v, name) for v, name in versions):
+        return admission.sha256
+    from dtok.probes import equivalent_sha
+
+    same = equivalent_sha(files.raw) if files.raw else None
+    if same is None:
+        return admission.sha256
+    notes.append(f"same content as the known file {same[:16]} (serialised otherwise): its "
+                 "guard tables serve")
+    return same
+
+
+class Upgrade:
+    """A fast encoder that comes later: the background probes (:class:`dtok.probes.ProbeJob`)
+    for a file with no guard table, and the piece encoders that take the fast encoder once
+    they are done (each :meth:`dtok.pieces.PieceEncoder.take_fast`)."""
+
+    def __init__(self, path, table_sha: str) -> None:
+        self.path = path
+        self.table_sha = table_sha
+        self.job = None
+        self.parts: FastParts | None = None  # once done
+        self.notes: list[str] = []
+        self._loaded: Loaded | None = None
+        self._waiting: "weakref.WeakSet" = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def start(self, loaded: Loaded) -> None:
+        from dtok.probes import ProbeJob
+
+        self._loaded = loaded
+        path = Path(self.path) if self.path else None
+        same_file = path is not None and path.is_file() and loaded.admission.sha256 == self.table_sha
+        if not same_file:  # the loaded reference's JSON: the same tokenizer
+            path = tables.cache_dir() / "probes" / f"{self.table_sha[:16]}-{os.getpid()}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(loaded.reference.to_str())
+        self.job = ProbeJob(path, self.table_sha, self._done, same_file)
+
+    def subscribe(self, pieces) -> None:
+        """``pieces`` takes the fast encoder when it comes (at once if it has come)."""
+        with self._lock:
+            parts = self.parts
+            if parts is None:
+                self._waiting.add(pieces)
+        if parts is not None:
+            pieces.take_fast(parts)
+
+    def _done(self, table) -> None:
+        loaded = self._loaded
+        notes: list[str] = []
+        with JsonFile(loaded.reference.to_str().encode("utf-8")) as json_file:
+            parts = _fast_parts(json_file, loaded.reference, loaded.admission, self.table_sha,
+                                True, notes, False)
+        with self._lock:
+            self.parts, self.notes = parts, notes
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        for pieces in waiting:
+            pieces.take_fast(parts)
+        _release_free_heap()
+
+    def status(self, wait: float | None = None) -> dict[str, Any]:
+        """The probes' state (``stats()['probes']``), after waiting up to ``wait`` seconds for
+        them to end."""
+        if wait is not None:
+            self.job.wait(wait)
+        return self.job.status()
+
+
+def _load_fast(json_file: JsonFile, reference, admission: Admission, table_sha: str,
                strict: bool, notes: list[str]):
     """The fast encoder and its guard table, or (None, None) and a note saying why not."""
     version = fastokens_version()
-    guard = guards.load(admission.sha256, version) if version else None
+    guard = guards.load(table_sha, version) if version else None
     if guard is None and not strict:
         notes.append("fastokens is not installed (pip install 'dtok[fast]')" if version is None
-                     else "no guard table for this file and versions (build one: dtok guards PATH)")
+                     else "no guard table for this file and versions: the reference serves "
+                     "until the guard probes are done (stats()['probes'])")
         return None, None
     try:
         fast = FastEncoder(json_file, reference)
@@ -146,9 +275,8 @@ def _load_fast(files: TokenizerFiles, json_file: JsonFile, reference, admission:
         notes.append("fastokens holds to one BPE thread (FASTOKENS_BPE_THREADS=1, set by dtok "
                      f"on {available_cpus()} CPUs: set the variable to choose)")
     if guard is None:
-        logger().warning("dtok: building the fast encoder's guard table for %s (minutes)",
-                         files.path)
-        guard = guards.build(reference, fast, admission.sha256,
+        logger().warning("dtok: building the fast encoder's guard table (minutes)")
+        guard = guards.build(reference, fast, table_sha,
                              progress=lambda msg: logger().info("dtok guards: %s", msg),
                              nfc_family=admission.family if admission.nfc else None)
     notes.append(f"fastokens {fast.version}, guard table {guard.source} "
@@ -161,12 +289,12 @@ def _load_fast(files: TokenizerFiles, json_file: JsonFile, reference, admission:
     return fast, guard
 
 
-def _load_giga(json_file: JsonFile, reference, admission: Admission, fast_loaded: bool,
-               notes: list[str]):
+def _load_giga(json_file: JsonFile, reference, admission: Admission, table_sha: str,
+               fast_loaded: bool, notes: list[str]):
     """gigatoken and its guard table, where a table was built and (next to fastokens) it
     measured faster on some text class; else (None, None), with a note."""
     version = gigatoken_version()
-    guard = guards.load(admission.sha256, version, "gigatoken") if version else None
+    guard = guards.load(table_sha, version, "gigatoken") if version else None
     if guard is None:
         if version is not None:
             notes.append("gigatoken: no guard table for this file and versions")
@@ -177,6 +305,9 @@ def _load_giga(json_file: JsonFile, reference, admission: Admission, fast_loaded
         notes.append("gigatoken: not used (its NFC is not proven for this file)")
         return None, None
     wins = sorted(c for c, r in guard.speed.get("ratio", {}).items() if r <= SECOND_WINS)
+    if fast_loaded and not guard.speed:
+        notes.append("gigatoken: not loaded (no speed measurement in its guard table)")
+        return None, None
     if fast_loaded and not wins:
         notes.append("gigatoken: not loaded (its guard table measured it no faster than "
                      f"fastokens on any text class: {guard.speed})")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtok.chunking import Chunker, split_at
 from dtok.encoders import ReferenceEncoder, available_cpus, fastokens_bpe_threads
-from dtok.loading import Lane, Loaded
+from dtok.loading import FastParts, Lane, Loaded
 from dtok_ext.buffers import IdBuffer, ids_from_list
 from dtok_ext.cuts import ROUTE_FAST, ROUTE_GUARD, CutRules
 
@@ -194,9 +194,7 @@ class PieceEncoder:
         self.second_classes = loaded.second_classes if use_fast else frozenset()
         self.long_piece_classes = loaded.long_piece_classes
         self.text_weight = dict(TEXT_WEIGHT)  # what the split rule weighs a fast encoder's text by
-        one_bpe_thread = self.main.encoder.name == "fastokens" and fastokens_bpe_threads() == 1
-        self.split_saving = AUTO_SPLIT_SAVING if one_bpe_thread \
-            else AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS  # the split rule's bound (split_pays)
+        self.split_saving = self._split_saving()  # the split rule's bound (split_pays)
         self._run_step_chars = RUN_STEP_CHARS  # private hook: a run's length takes it whole
         # encode_special_tokens: special-token strings are plain text to the reference, while
         # the fast encoders would match them; stretches holding one go to the reference
@@ -208,6 +206,21 @@ class PieceEncoder:
         self._pieces = {"fast": 0, "reference": 0, "second": 0}
         self._executor: EncodeThreads | None = None
         self._lock = threading.Lock()
+        if loaded.upgrade is not None and knobs["encoder"] != "reference":
+            loaded.upgrade.subscribe(self)  # the fast encoder comes when its probes are done
+
+    def _split_saving(self) -> int:
+        one_bpe_thread = self.main.encoder.name == "fastokens" and fastokens_bpe_threads() == 1
+        return AUTO_SPLIT_SAVING if one_bpe_thread else AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS
+
+    def take_fast(self, parts: FastParts) -> None:
+        """Serve with the fast encoders from now on (their guard probes finished after the
+        load). A call already running finishes on the lanes it read: each is exact."""
+        self.second, self.second_classes = parts.second, parts.second_classes
+        self.long_piece_classes = parts.long_piece_classes
+        self.rules = parts.rules
+        self.main = Lane(parts.encoder, parts.rules, parts.nfc_by_fast)
+        self.split_saving = self._split_saving()
 
     # --- encoding -------------------------------------------------------------------------
 

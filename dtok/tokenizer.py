@@ -57,7 +57,8 @@ class Tokenizer:
         # a file read here is handed over to load, which lets its bytes go once the fast
         # encoders' copy is made (a load's peak lower by the file's size)
         self._assemble(load(files if isinstance(files, TokenizerFiles) else read_files(files),
-                            knobs["encoder"], knobs["encode_special_tokens"]), knobs)
+                            knobs["encoder"], knobs["encode_special_tokens"],
+                            knobs["guard_probes"]), knobs)
 
     def _assemble(self, loaded: Loaded, knobs: dict[str, Any]) -> None:
         """The per-instance parts that the knobs decide, over the loaded ones."""
@@ -254,6 +255,8 @@ class Tokenizer:
             "encoder": self.encoder.name,
             "cuts": [],
         }
+        if self.loaded.upgrade is not None:
+            info["probes"] = self.probes()
         if self.pieces.second is not None:  # chunk_routes' "fast" is then either fast encoder
             info["second_encoder"] = self.pieces.second.encoder.name
             info["second_classes"] = sorted(self.pieces.second_classes)
@@ -300,9 +303,26 @@ class Tokenizer:
     def stats(self) -> dict[str, Any]:
         """The encoder in use, why, and how many pieces each encoder took so far."""
         second = self.pieces.second
-        return {"encoder": self.encoder.name, "notes": list(self.encoder_notes),
+        upgrade = self.loaded.upgrade
+        notes = self.encoder_notes + (upgrade.notes if upgrade is not None else [])
+        return {"encoder": self.encoder.name, "notes": notes,
                 "second_encoder": second.encoder.name if second else None,
-                "second_classes": sorted(self.pieces.second_classes), **self.pieces.counts()}
+                "second_classes": sorted(self.pieces.second_classes),
+                "probes": self.probes(), **self.pieces.counts()}
+
+    def probes(self, wait: float | None = None) -> dict[str, Any]:
+        """The guard probes of a file that no guard table covered at load (:mod:`dtok.probes`):
+        ``state`` "none" (none were needed, or ``guard_probes="off"``), "running" (with
+        ``progress``), "done" (the fast encoder serves since) or "failed" (``error``; the
+        reference goes on serving). ``wait``: seconds to wait for them to end first.
+
+        >>> Tokenizer.default().probes()
+        {'state': 'none'}
+        """
+        upgrade = self.loaded.upgrade
+        if upgrade is None:
+            return {"state": "none"}
+        return upgrade.status(wait)
 
     def __repr__(self) -> str:
         a = self.admission

@@ -24,6 +24,7 @@ cdef class CutRules:
     cdef _Clean clean[2]  # the clean ranges of the table: [0] guards only, [1] NFC anchors too
     cdef unsigned char accept[64 * 64]
     cdef readonly SpecialMatcher specials
+    cdef readonly SpecialMatcher declared  # strings only a config declares: no cut inside one
     cdef readonly bint nfc
     cdef object _normalize
     cdef public bint _check_nfc         # private test hooks: the control battery switches these off

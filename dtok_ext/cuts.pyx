@@ -162,7 +162,7 @@ cdef class CutRules:
     """
 
     def __init__(self, bytes table not None, bytes accept not None, SpecialMatcher specials not None,
-                 normalize=None):
+                 normalize=None, SpecialMatcher declared=None):
         if len(table) != 0x110000:
             raise ValueError("class table must have one byte per code point")
         if len(accept) != 64 * 64:
@@ -174,6 +174,10 @@ cdef class CutRules:
         for i in range(64 * 64):
             self.accept[i] = accept[i]
         self.specials = specials
+        # Token strings that a tokenizer_config.json declares and the file does not hold: the
+        # reference reads them as text (their edges are no added-token boundaries here), an
+        # engine that adds them matches them, so a cut is kept out of their inside for both.
+        self.declared = declared if declared is not None else SpecialMatcher([])
         self.nfc = normalize is not None
         self._normalize = normalize
         self._check_nfc = True
@@ -187,6 +191,8 @@ cdef class CutRules:
         # checks would all say no, so they are skipped.
         cdef unsigned char x, y, z
         if b <= 0 or b >= limit or b >= t.length:
+            return NOT_SAFE
+        if self.declared.max_len and self._check_specials and self.declared.covers(t, b):
             return NOT_SAFE
         if specials_near and self._check_specials and self.specials.max_len:
             if self.specials.covers(t, b):

@@ -118,3 +118,44 @@ def test_normalized_tokens_apart_from_raw_ones_stay_admitted(tmp_path):
     assert tok.admission.admitted
     text = "x<|zq|>qqqq<<a>><|zq|qqq " * 40
     assert list(tok.encode(text)) == ref_ids(tok, text)
+
+
+def test_tokens_declared_only_by_the_config_keep_cuts_away(tmp_path):
+    """A config that declares a token the file does not hold (Qwen3.5's 7 audio and TTS
+    markers): an engine loading both adds it, so no cut falls inside one; without the config
+    the same text has cuts there (control)."""
+    import json
+
+    from dtok.admission import bundled_files
+    from dtok_ext.cuts import VERDICT_NOT_SAFE
+
+    files = bundled_files()
+    marker = "<tts_text_bos_single>"
+    (tmp_path / "tokenizer.json").write_bytes(files.raw)
+    config = dict(files.config, added_tokens_decoder={
+        **files.config["added_tokens_decoder"],
+        "999999": {"content": marker, "special": True, "normalized": False, "lstrip": False,
+                   "rstrip": False, "single_word": False}})
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    text = ("Some words " + marker + " and more text ") * 40
+    inside = [b for b in range(1, len(text))
+              if any(s < b < s + len(marker) for s in range(len(text)) if text.startswith(marker, s))]
+    declared = dtok.Tokenizer(tmp_path, guard_probes="off")
+    assert declared.admission.declared_tokens == (marker,)
+    assert all(declared.rules.is_safe(text, b) == VERDICT_NOT_SAFE for b in inside)
+    (tmp_path / "tokenizer_config.json").unlink()
+    plain = dtok.Tokenizer(tmp_path, guard_probes="off")
+    assert plain.admission.declared_tokens == ()
+    assert any(plain.rules.is_safe(text, b) != VERDICT_NOT_SAFE for b in inside)
+    assert list(declared.encode(text * 100)) == declared.reference.encode(text * 100).ids
+
+
+def test_deepseek_v4_is_refused_for_its_overlapping_added_tokens():
+    """Its normalized=true token '｜DSML｜' overlaps the normalized=false '<｜/table>｜': the
+    reference matches the two kinds in two passes, which dtok's one scan does not model."""
+    tok = dtok.Tokenizer(shared_path("tokenizers", "deepseek-v4-flash", "tokenizer.json"))
+    assert not tok.admission.admitted
+    (reason,) = tok.admission.reasons
+    assert "'｜DSML｜' overlaps normalized=false '<｜/table>｜'" in reason
+    text = "<｜/table>｜DSML｜ and ｜DSML｜ <｜/table>｜DSML｜" * 3
+    assert list(tok.encode(text)) == tok.reference.encode(text).ids
