@@ -86,6 +86,7 @@ def one_file(path: Path, repeats: int, appends: int) -> dict:
            "to_fast_s": round(to_fast, 1), "encoder": tok.encoder.name}
     alone = fastokens.Tokenizer.from_json_str(tok.tokenizer_json().decode("utf-8"))
     alone.enable_segment_cache(0)
+    alone.encode_batch_flat(["warm up the lazy state " * 20])  # as dtok's FastEncoder does
     one = tok.with_knobs(threads=1)
     sources = _sources()
     for kind, src in sources.items():

@@ -7,7 +7,7 @@
 For each tokenizer file: the guard table of its pipeline (normalizer and pre-tokenizer, probed on
 the vocabulary-free probe file of :mod:`dtok.probes`) for the installed ``tokenizers`` and
 ``fastokens``, into ``DIR/pipelines`` unless one is there (a few minutes each on two cores). A
-new file of that pipeline then needs only its own part probed (about ten seconds).
+new file of that pipeline then needs only its own part probed (10–30 s).
 
 ``--equivalents``: also record each file's content digest (:func:`dtok.probes.content_sha256`)
 in ``DIR/equivalents.json``, mapped to the file's SHA-256, so that a file with the same content
@@ -15,7 +15,7 @@ serialised otherwise uses this file's shipped guard tables. Only for files whose
 
 ``--file-tables``: also build each file's own guard table (its part of the probes, joined with
 the pipeline's: what a user's first load does in the background) into ``DIR``, so that the
-file is fast from its first request. About ten seconds a file.
+file is fast from its first request. 10–30 s a file.
 """
 import argparse
 import json
