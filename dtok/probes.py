@@ -160,15 +160,18 @@ def build_pipeline(spec: dict[str, Any], family: str | None, nfc: bool,
 
 def build_file(reference, fast, sha256: str, pipeline: guards.GuardTable,
                say: Callable[[str], None] = lambda msg: None,
-               out_dir: Path | None = None) -> guards.GuardTable:
+               out_dir: Path | None = None, code_points: list[int] | None = None
+               ) -> guards.GuardTable:
     """The file's guard table: its vocabulary and :data:`FILE_CONTEXTS` probed through both
-    encoders on the real file, joined with the pipeline's table."""
+    encoders on the real file (every code point but the surrogates, or ``code_points``),
+    joined with the pipeline's table."""
     t0 = time.time()
     checked: dict[str, Any] = {"vocab_strings": guards.check_vocabulary(reference, fast)}
     say(f"vocabulary: {checked['vocab_strings']} entries agree")
     disagree = {c: ["pipeline"] for c in pipeline.disagree}
     sep = guards.separator(reference)
-    cps = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    cps = code_points if code_points is not None else [
+        c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
     for ctx in FILE_CONTEXTS:
         for cp, _ in guards.probe_context(reference, fast, ctx, cps, sep):
             disagree.setdefault(cp, []).append(ctx)
