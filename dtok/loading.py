@@ -205,6 +205,7 @@ class Upgrade:
         self.path = path
         self.table_sha = table_sha
         self.job = None
+        self.error = ""  # the probes could not start
         self.parts: FastParts | None = None  # once done
         self.notes: list[str] = []
         self._loaded: Loaded | None = None
@@ -217,11 +218,14 @@ class Upgrade:
         self._loaded = loaded
         path = Path(self.path) if self.path else None
         same_file = path is not None and path.is_file() and loaded.admission.sha256 == self.table_sha
-        if not same_file:  # the loaded reference's JSON: the same tokenizer
-            path = tables.cache_dir() / "probes" / f"{self.table_sha[:16]}-{os.getpid()}.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(loaded.reference.to_str())
-        self.job = ProbeJob(path, self.table_sha, self._done, same_file)
+        try:
+            if not same_file:  # the loaded reference's JSON: the same tokenizer
+                path = tables.cache_dir() / "probes" / f"{self.table_sha[:16]}-{os.getpid()}.json"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(loaded.reference.to_str())
+            self.job = ProbeJob(path, self.table_sha, self._done, same_file)
+        except OSError as exc:  # no cache to write, no process to start: the reference serves
+            self.error = f"{type(exc).__name__}: {exc}"
 
     def subscribe(self, pieces) -> None:
         """``pieces`` takes the fast encoder when it comes (at once if it has come)."""
@@ -249,6 +253,8 @@ class Upgrade:
     def status(self, wait: float | None = None) -> dict[str, Any]:
         """The probes' state (``stats()['probes']``), after waiting up to ``wait`` seconds for
         them to end."""
+        if self.job is None:
+            return {"state": "failed", "error": self.error}
         if wait is not None:
             self.job.wait(wait)
         return self.job.status()

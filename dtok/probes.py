@@ -248,7 +248,7 @@ class ProbeJob:
             [sys.executable, "-m", "dtok.probes", str(path), sha256,
              *(["--same-file"] if same_file else [])],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, preexec_fn=_lowest_priority, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+            text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
         self._thread = threading.Thread(target=self._wait, name="dtok-probes", daemon=True)
         self._thread.start()
 
@@ -281,11 +281,6 @@ class ProbeJob:
         self._thread.join(timeout)
         return self.state
 
-    def stop(self) -> None:
-        """End the child process (the tokenizer is closed)."""
-        if self._proc.poll() is None:
-            self._proc.kill()
-
     def status(self) -> dict[str, Any]:
         """What ``stats()`` and ``explain`` report."""
         out: dict[str, Any] = {"state": self.state, "progress": self.progress}
@@ -294,10 +289,6 @@ class ProbeJob:
         if self.error:
             out["error"] = self.error
         return out
-
-
-def _lowest_priority() -> None:
-    os.nice(19)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("sha256")
     ap.add_argument("--same-file", action="store_true", help="PATH's bytes have that SHA-256")
     args = ap.parse_args(argv)
+    # the lowest CPU priority, set here rather than between fork and exec (the parent has
+    # threads, which a preexec_fn could deadlock)
+    os.nice(19)
     t0 = time.time()
     parent = os.getppid()
 

@@ -208,3 +208,22 @@ def test_llama_instruct_and_nemotron_files_are_llama_3_1():
     assert sha256(instruct).hexdigest().startswith("79e3e522635f3171")
     assert sha256(nemotron).hexdigest().startswith("6b9e4e7fb171f92f")
     assert probes.equivalent_sha(instruct) == known == probes.equivalent_sha(nemotron)
+
+
+def test_probes_that_cannot_start_leave_the_reference_serving(tmp_path, monkeypatch):
+    """A cache that cannot be written (a file where its folder should be): the load succeeds,
+    the reference serves exactly, and the probes say why they failed."""
+    blocked = tmp_path / "cache"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("DTOK_CACHE_DIR", str(blocked))
+    path = _new_file_of_a_known_pipeline(tmp_path)
+    raw = path.read_bytes()
+    from dtok.admission import TokenizerFiles
+
+    # bytes whose path does not exist: the probes need a copy in the cache
+    tok = Tokenizer(TokenizerFiles(tmp_path / "gone" / "tokenizer.json", raw, None, None))
+    status = tok.probes()
+    assert status["state"] == "failed" and "Error" in status["error"], status
+    text = repo_text("prose", "gutenberg-2701_moby-dick.txt")[:50_000]
+    assert tok.encoder.name == "reference"
+    assert list(tok.encode(text)) == tok.reference.encode(text).ids
