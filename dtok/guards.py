@@ -152,7 +152,7 @@ def build(reference, fast: FastEncoder, sha256: str, out_dir: Path | None = None
         checked = {"vocab_strings": check_vocabulary(reference, fast)}
         say(f"vocabulary: {checked['vocab_strings']} entries agree ({time.time() - t0:.0f} s)")
         sep = separator(reference)
-        cps = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+        cps = tables.code_points()
         for ctx in CONTEXTS:
             for cp, _ in probe_context(reference, fast, ctx, cps, sep):
                 disagree.setdefault(cp, []).append(ctx)

@@ -84,6 +84,7 @@ def load(files: TokenizerFiles, encoder: str = "auto",
     rules, fast = None, _NO_FAST
     upgrade = None
     if admission.admitted:
+        maker = _RuleMaker(admission, reference, encode_special_tokens)
         if encoder != "reference":
             table_sha = _table_sha(files, admission, notes)
             with JsonFile(files.raw or reference.to_str().encode("utf-8")) as json_file:
@@ -92,13 +93,13 @@ def load(files: TokenizerFiles, encoder: str = "auto",
                 path = files.path
                 files = files.released()
                 fast = _fast_parts(json_file, reference, admission, table_sha,
-                                   encoder == "fast", notes, encode_special_tokens)
+                                   encoder == "fast", notes, maker)
             if fast.encoder is None and guard_probes == "background" \
                     and fastokens_version() is not None and not encode_special_tokens:
                 # (with encode_special_tokens the fast encoder's load check, which compares
                 # with the reference's default behaviour, could not run on the live reference)
                 upgrade = Upgrade(path, table_sha)
-        rules = fast.rules or _rules(admission, reference, encode_special_tokens)
+        rules = fast.rules or maker.rules()
     elif encoder == "fast":
         raise FastEncoderError("encoder='fast' needs an admitted file: "
                                + "; ".join(admission.reasons))
@@ -134,25 +135,30 @@ class FastParts(NamedTuple):
 _NO_FAST = FastParts(None, None, False, None, frozenset(), frozenset({"latin"}))
 
 
-def _specials(admission: Admission, encode_special_tokens: bool) -> SpecialMatcher:
-    # with encode_special_tokens the reference matches only the added tokens not marked
-    # special: those are the boundaries the cut rules know
-    literal_set = set(admission.special_tokens) if encode_special_tokens else set()
-    return SpecialMatcher([s for s in admission.added_tokens if s not in literal_set])
+class _RuleMaker:
+    """The cut rules of an admitted file over a class table: the family's table, the
+    added-token matchers and the normalizer, read and built once for every lane of a load."""
 
+    def __init__(self, admission: Admission, reference, encode_special_tokens: bool) -> None:
+        self.family = tables.load(admission.family)
+        # with encode_special_tokens the reference matches only the added tokens not marked
+        # special: those are the boundaries the cut rules know
+        literal_set = set(admission.special_tokens) if encode_special_tokens else set()
+        self.specials = SpecialMatcher([s for s in admission.added_tokens
+                                        if s not in literal_set])
+        self.declared = SpecialMatcher(list(admission.declared_tokens))
+        self.normalize = reference.normalizer.normalize_str if admission.nfc else None
 
-def _rules(admission: Admission, reference, encode_special_tokens: bool,
-           table: bytes | None = None) -> CutRules:
-    """The cut rules of an admitted file (``table``: its family's, with guard bits added)."""
-    t = tables.load(admission.family)
-    normalize = reference.normalizer.normalize_str if admission.nfc else None
-    return CutRules(t.table if table is None else table, t.accept,
-                    _specials(admission, encode_special_tokens), normalize,
-                    SpecialMatcher(list(admission.declared_tokens)))
+    def rules(self, guard: guards.GuardTable | None = None, use_nfc_proof: bool = False
+              ) -> CutRules:
+        """The rules over the family's table, with ``guard``'s characters added when given."""
+        table = self.family.table if guard is None else guards.guarded_table(
+            self.family.table, guard, use_nfc_proof)
+        return CutRules(table, self.family.accept, self.specials, self.normalize, self.declared)
 
 
 def _fast_parts(json_file: JsonFile, reference, admission: Admission, table_sha: str,
-                strict: bool, notes: list[str], encode_special_tokens: bool) -> FastParts:
+                strict: bool, notes: list[str], maker: _RuleMaker) -> FastParts:
     """The fast encoders whose guard tables (keyed ``table_sha``) exist, with their rules."""
     fast, guard = _load_fast(json_file, reference, admission, table_sha, strict, notes)
     giga, giga_guard = _load_giga(json_file, reference, admission, table_sha,
@@ -161,10 +167,8 @@ def _fast_parts(json_file: JsonFile, reference, admission: Admission, table_sha:
         fast, guard, giga = giga, giga_guard, None
     if fast is None:
         return _NO_FAST
-    family_table = tables.load(admission.family).table
     nfc_by_fast = admission.nfc and guard.nfc_proven
-    rules = _rules(admission, reference, encode_special_tokens,
-                   guards.guarded_table(family_table, guard, nfc_by_fast))
+    rules = maker.rules(guard, nfc_by_fast)
     long_piece_classes = frozenset({"latin"})
     if guard.encoder == "fastokens":
         long_piece_classes |= {c for c, r in guard.speed.get("long_piece", {}).items()
@@ -172,8 +176,7 @@ def _fast_parts(json_file: JsonFile, reference, admission: Admission, table_sha:
     second, second_classes = None, frozenset()
     if giga is not None:
         nfc = admission.nfc and giga_guard.nfc_proven
-        second = Lane(giga, _rules(admission, reference, encode_special_tokens,
-                                   guards.guarded_table(family_table, giga_guard, nfc)), nfc)
+        second = Lane(giga, maker.rules(giga_guard, nfc), nfc)
         second_classes = frozenset(
             c for c, r in giga_guard.speed.get("ratio", {}).items() if r <= SECOND_WINS)
     return FastParts(fast, rules, nfc_by_fast, second, second_classes, long_piece_classes)
@@ -241,7 +244,7 @@ class Upgrade:
         notes: list[str] = []
         with JsonFile(loaded.reference.to_str().encode("utf-8")) as json_file:
             parts = _fast_parts(json_file, loaded.reference, loaded.admission, self.table_sha,
-                                True, notes, False)
+                                True, notes, _RuleMaker(loaded.admission, loaded.reference, False))
         with self._lock:
             self.parts, self.notes = parts, notes
             waiting = list(self._waiting)

@@ -170,8 +170,7 @@ def build_file(reference, fast, sha256: str, pipeline: guards.GuardTable,
     say(f"vocabulary: {checked['vocab_strings']} entries agree")
     disagree = {c: ["pipeline"] for c in pipeline.disagree}
     sep = guards.separator(reference)
-    cps = code_points if code_points is not None else [
-        c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    cps = code_points if code_points is not None else tables.code_points()
     for ctx in FILE_CONTEXTS:
         for cp, _ in guards.probe_context(reference, fast, ctx, cps, sep):
             disagree.setdefault(cp, []).append(ctx)

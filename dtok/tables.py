@@ -64,6 +64,11 @@ def cache_dir() -> Path:
 # --- probing the reference -------------------------------------------------------------------
 
 
+def code_points() -> list[int]:
+    """Every code point but the surrogates (what the probes of tables and guards go over)."""
+    return [c for c in range(N_CODEPOINTS) if not 0xD800 <= c <= 0xDFFF]
+
+
 @lru_cache(maxsize=1)
 def _all_codepoints() -> tuple[np.ndarray, str]:
     import numpy as np  # building tables only: a loaded tokenizer does not import it

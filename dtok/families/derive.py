@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from dtok.families.rules import Family
-from dtok.tables import class_names, probe_atom
+from dtok.tables import class_names, code_points, probe_atom
 
 
 def class_members(family: Family) -> dict[str, np.ndarray]:
@@ -113,33 +113,32 @@ def transitions_source(classes: dict[str, list[str]],
     )
 
 
-def gap_texts(family: Family, reps: dict[str, str], length: int = 3) -> list[str]:
-    """Texts on which ``Split(pattern, "removed", invert=True)`` would remove something: every
-    string of up to ``length`` class representatives whose inverted-removed pieces differ from
-    the isolated ones (empty: the two forms split alike; see :data:`rules.GAPLESS`)."""
+def _split_forms(family: Family):
+    """The family's one pattern as the reference's ``Split`` in both forms: (isolated, the
+    matches kept and the rest removed)."""
     from tokenizers import Regex, pre_tokenizers
 
     if len(family.splits) != 1:
         raise ValueError(f"{family.name}: only one-split families are checked")
     (pattern,) = family.splits
-    isolated = pre_tokenizers.Split(Regex(pattern), "isolated", invert=False)
-    kept = pre_tokenizers.Split(Regex(pattern), "removed", invert=True)
-    bad = []
-    for text in _contexts(list(reps.values()), length)[1:]:
-        if kept.pre_tokenize_str(text) != isolated.pre_tokenize_str(text):
-            bad.append(text)
-    return bad
+    return (pre_tokenizers.Split(Regex(pattern), "isolated", invert=False),
+            pre_tokenizers.Split(Regex(pattern), "removed", invert=True))
+
+
+def gap_texts(family: Family, reps: dict[str, str], length: int = 3) -> list[str]:
+    """Texts on which ``Split(pattern, "removed", invert=True)`` would remove something: every
+    string of up to ``length`` class representatives whose inverted-removed pieces differ from
+    the isolated ones (empty: the two forms split alike; see :data:`rules.GAPLESS`)."""
+    isolated, kept = _split_forms(family)
+    return [text for text in _contexts(list(reps.values()), length)[1:]
+            if kept.pre_tokenize_str(text) != isolated.pre_tokenize_str(text)]
 
 
 def gaps_in_every_code_point(family: Family, block: int = 4096) -> list[int]:
     """Code points inside which the inverted-removed split of all code points, in order and in
     blocks, differs from the isolated one (empty where nothing is removed)."""
-    from tokenizers import Regex, pre_tokenizers
-
-    (pattern,) = family.splits
-    isolated = pre_tokenizers.Split(Regex(pattern), "isolated", invert=False)
-    kept = pre_tokenizers.Split(Regex(pattern), "removed", invert=True)
-    cps = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    isolated, kept = _split_forms(family)
+    cps = code_points()
     bad = []
     for k in range(0, len(cps), block):
         text = "".join(map(chr, cps[k : k + block]))
