@@ -4,6 +4,7 @@ server's mixed stream of long requests.
 
     python benches/bench_split_stream.py [--tokenizers llama3 qwen3] [--repeats 3]
                                          [--pause-ms 20 0] [--requests 40]
+                                         [--variants default "threads never renewed"]
 
 Each variant runs in a process of its own (the order rotated over the repeats) that answers one
 stream of requests, the text kinds taking turns: 1M-character windows of the coding-agent
@@ -15,6 +16,8 @@ fastokens keeps its memo of words met per thread: a benchmark whose process meet
 documents measures a second thread that has met no words. Variants: dtok's default
 (``AUTO_SPLIT_SAVING``), the bound before 2026-12-06 (1,250,000: 1M characters of Latin text
 and 400K of other text on one thread, 1M of other text split), ``threads=1`` and ``threads=2``.
+``--variants`` picks some (the first is compared with the others), among them ``threads never
+renewed`` (knob ``thread_renew_chars=0``: the encoding threads, and their memos, live on).
 fastokens is held to one thread of its own on 2 CPUs, as dtok's default does. Every output's
 digest is compared with the reference's, computed first in this process. Printed per repeat
 and kind: each variant's mean, median and P99; then the default's median over the others'
@@ -39,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (LETTERS, SHARED, balanced_order, documents, header, machine,  # noqa: E402
                     permuted_letters, summary, transcript_windows, write_json)
 
-VARIANTS = ["default", "before", "threads=1", "threads=2"]
+VARIANTS = ["default", "before", "threads=1", "threads=2", "threads never renewed"]
 KINDS = ["transcripts", "prose", "prose, new words", "code", "multilingual", "adversarial",
          "multilingual, 400K"]
 BOUND_BEFORE = 1_250_000  # dtok.pieces.AUTO_SPLIT_SAVING until 2026-12-06
@@ -75,8 +78,9 @@ def child(variant: str, name: str, pause_s: float, requests: int) -> dict:
     import dtok
 
     threads = {"threads=1": 1, "threads=2": 2}.get(variant)
+    renew = {"thread_renew_chars": 0} if variant == "threads never renewed" else {}
     tok = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name, content_lookup=False,
-                                   threads=threads)
+                                   threads=threads, **renew)
     if variant == "before":
         tok.pieces.split_saving = BOUND_BEFORE
     # every thread started (8.2M characters: split by every variant with two threads) and its
@@ -101,6 +105,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--pause-ms", nargs="*", type=float, default=[20.0, 0.0])
     ap.add_argument("--requests", type=int, default=40, help="requests of each kind")
+    ap.add_argument("--variants", nargs="*", default=VARIANTS[:4], choices=VARIANTS,
+                    help="the first is the one the others are compared with")
     ap.add_argument("--child", nargs=4, metavar=("VARIANT", "TOKENIZER", "PAUSE_MS", "REQUESTS"))
     args = ap.parse_args()
     if args.child:
@@ -108,6 +114,8 @@ def main() -> int:
         print(json.dumps(child(variant, name, float(pause_ms) / 1e3, int(requests))))
         return 0
     from tokenizers import Tokenizer as HF
+
+    variants, first = args.variants, args.variants[0]
 
     info = machine()
     print(header(info), flush=True)
@@ -126,7 +134,7 @@ def main() -> int:
             ratios: dict[tuple, list[float]] = {}
             for repeat in range(args.repeats):
                 runs = {}
-                for variant in balanced_order(VARIANTS, repeat):
+                for variant in balanced_order(variants, repeat):
                     run = subprocess.run([sys.executable, __file__, "--child", variant, name,
                                           str(pause_ms), str(args.requests)],
                                          capture_output=True, text=True)
@@ -140,25 +148,25 @@ def main() -> int:
                         raise SystemExit(f"WRONG: {name} {variant} {wrong[:5]}")
                 print(f"{name} {pause_ms:.0f} ms apart, repeat {repeat}:", flush=True)
                 for kind in KINDS:
-                    means = {v: statistics.fmean(runs[v]["walls"][kind]) * 1e3 for v in VARIANTS}
-                    stats = {v: summary(runs[v]["walls"][kind]) for v in VARIANTS}
+                    means = {v: statistics.fmean(runs[v]["walls"][kind]) * 1e3 for v in variants}
+                    stats = {v: summary(runs[v]["walls"][kind]) for v in variants}
                     rows.append({"tokenizer": name, "pause_ms": pause_ms, "repeat": repeat,
                                  "kind": kind, "mean_ms": means, "summary": stats})
-                    for v in VARIANTS[1:]:
+                    for v in variants[1:]:
                         ratios.setdefault((kind, v), []).append(
-                            stats["default"]["median_ms"] / stats[v]["median_ms"])
+                            stats[first]["median_ms"] / stats[v]["median_ms"])
                     print(f"  {kind:18s} " + "  ".join(
                         f"{v} {means[v]:5.2f}/{stats[v]['median_ms']:5.2f}/"
-                        f"{stats[v]['p99_ms']:5.2f}" for v in VARIANTS)
+                        f"{stats[v]['p99_ms']:5.2f}" for v in variants)
                         + "  (mean/median/P99 ms)", flush=True)
-                for v in VARIANTS[1:]:
+                for v in variants[1:]:
                     ratios.setdefault(("whole stream", v), []).append(
-                        sum(r["mean_ms"]["default"] for r in rows[-len(KINDS):])
+                        sum(r["mean_ms"][first] for r in rows[-len(KINDS):])
                         / sum(r["mean_ms"][v] for r in rows[-len(KINDS):]))
             for kind in [*KINDS, "whole stream"]:
-                print(f"== {name} {pause_ms:.0f} ms apart, {kind:18s} default / " + ", ".join(
+                print(f"== {name} {pause_ms:.0f} ms apart, {kind:18s} {first} / " + ", ".join(
                     f"{v} {statistics.median(r):.2f} [{min(r):.2f}-{max(r):.2f}]"
-                    for v in VARIANTS[1:] for r in [ratios[(kind, v)]]), flush=True)
+                    for v in variants[1:] for r in [ratios[(kind, v)]]), flush=True)
     path = write_json("split-stream.json", {"machine": info, "args": vars(args), "rows": rows})
     print(f"every output equal to the reference's; wrote {path}")
     return 0

@@ -29,7 +29,8 @@ __all__ = ["EncodeThreads"]
 
 class EncodeThreads:
     """``n`` encoding threads (named ``dtok-encode``), started when first needed, stopped by
-    :meth:`shutdown` or when this object is collected.
+    :meth:`shutdown` or when this object is collected; with ``renew_chars``, replaced by fresh
+    threads each time they have taken that many characters of text (see :meth:`_handing`).
 
     >>> threads = EncodeThreads(2)
     >>> [f.result() for f in threads.beside([lambda: 1, lambda: 2])]
@@ -37,36 +38,69 @@ class EncodeThreads:
     >>> list(threads.map(len, ["ab", "c"]))
     [2, 1]
     >>> threads.shutdown()
+    >>> threads = EncodeThreads(2, renew_chars=10)
+    >>> [f.result() for f in threads.beside([lambda: 1], chars=8)], threads.renewals
+    ([1], 0)
+    >>> [f.result() for f in threads.beside([lambda: 2], chars=8)], threads.renewals
+    ([2], 1)
+    >>> threads.shutdown()
     """
 
-    def __init__(self, n: int) -> None:
-        # the threads hold the placement (their initializer), not this object, so that
-        # collecting it stops them
+    def __init__(self, n: int, renew_chars: int = 0) -> None:
+        self.n = n
+        self.renew_chars = renew_chars  # 0: the threads live until shutdown
+        self.renewals = 0
+        self._handed = 0  # characters handed to the current threads
+        self._lock = threading.Lock()
+        self._start()
+
+    def _start(self) -> None:
+        """Fresh threads (started when first given work); the threads hold the placement (their
+        initializer), not this object, so that collecting it stops them."""
         self._placement = _Placement()
-        self._executor = ThreadPoolExecutor(n, thread_name_prefix="dtok-encode",
+        self._executor = ThreadPoolExecutor(self.n, thread_name_prefix="dtok-encode",
                                             initializer=self._placement.started)
-        weakref.finalize(self, self._executor.shutdown, wait=False)
+        self._stop = weakref.finalize(self, self._executor.shutdown, wait=False)
 
-    def beside(self, jobs: Iterable[Callable[[], Any]]) -> list[Future]:
-        """Hand ``jobs`` to the threads while the calling thread works on something else: where
-        it may use another CPU, the threads run them off the caller's CPU, and take back
-        every CPU the caller may use when each job ends."""
-        allowed = self._placement.keep_off_caller()
-        if allowed is None:
-            return [self._executor.submit(job) for job in jobs]
-        return [self._executor.submit(_then_on_cpus, allowed, job) for job in jobs]
+    def _handing(self, chars: int) -> tuple["_Placement", ThreadPoolExecutor]:
+        """The placement and executor that take work of ``chars`` characters: once the threads
+        have taken ``renew_chars``, fresh ones, and the old end when their jobs are done (a
+        native encoder's per-thread state ends with its thread: the memory it holds is bounded
+        by what ``renew_chars`` characters put there, whatever the number of threads)."""
+        with self._lock:
+            self._handed += chars
+            if self.renew_chars and self._handed > self.renew_chars:
+                stop = self._stop
+                self._handed = chars
+                self._start()
+                self.renewals += 1
+                stop()  # queued jobs still run; idle threads end now, busy ones when done
+            return self._placement, self._executor
 
-    def map(self, fn: Callable[[Any], Any], items: Iterable) -> Iterator:
-        """``fn`` of each item on the threads while the caller waits (no placement: the
-        caller's CPU is free for them; a thread narrowed for a job it did not get takes it
-        back)."""
-        allowed = self._placement.caller_cpus()
+    def beside(self, jobs: Iterable[Callable[[], Any]], chars: int = 0) -> list[Future]:
+        """Hand ``jobs`` (of ``chars`` characters of text in all) to the threads while the
+        calling thread works on something else: where it may use another CPU, the threads run
+        them off the caller's CPU, and take back every CPU the caller may use when each job
+        ends."""
+        placement, executor = self._handing(chars)
+        allowed = placement.keep_off_caller()
         if allowed is None:
-            return self._executor.map(fn, items)
-        return self._executor.map(lambda item: _on_cpus(allowed, partial(fn, item)), items)
+            return [executor.submit(job) for job in jobs]
+        return [executor.submit(_then_on_cpus, allowed, job) for job in jobs]
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable, chars: int = 0) -> Iterator:
+        """``fn`` of each item (of ``chars`` characters of text in all) on the threads while
+        the caller waits (no placement: the caller's CPU is free for them; a thread narrowed for
+        a job it did not get takes it back)."""
+        placement, executor = self._handing(chars)
+        allowed = placement.caller_cpus()
+        if allowed is None:
+            return executor.map(fn, items)
+        return executor.map(lambda item: _on_cpus(allowed, partial(fn, item)), items)
 
     def shutdown(self, wait: bool = True) -> None:
         self._executor.shutdown(wait=wait)
+        self._stop.detach()
 
 
 class _Placement:

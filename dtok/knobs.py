@@ -10,12 +10,22 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["KNOBS", "ENCODERS", "validate", "positive_int"]
+__all__ = ["KNOBS", "ENCODERS", "validate", "positive_int", "default_threads", "default_workers"]
+
+# what ``threads=None`` and ``Pool(workers=None)`` take of a host's CPUs: each encoding thread
+# and each worker holds a fast encoder's per-thread state, and the engine shares the host
+# (the costs: docs/memory.md)
+DEFAULT_THREADS_MAX = 4
+DEFAULT_WORKERS_MAX = 8
 
 KNOBS: dict[str, Any] = {
-    # encoder threads for chunked encodes; None = the CPUs this process may use, a text shared
-    # out among them only where the split pays (dtok.pieces.AUTO_SPLIT_SAVING)
+    # encoder threads for chunked encodes; None = the CPUs this process may use, at most
+    # DEFAULT_THREADS_MAX, a text shared out among them only where the split pays
+    # (dtok.pieces.AUTO_SPLIT_SAVING)
     "threads": None,
+    # characters dtok's encoding threads take in all before fresh threads replace them: a
+    # fast encoder's memo of the words a thread met ends with the thread (0: never renewed)
+    "thread_renew_chars": 1 << 24,
     "chunk_threshold": 131072,  # texts this long (code points) or longer are cut into chunks
     "chunk_target": 65536,  # aimed-at chunk length
     "max_chunks": 16,
@@ -40,6 +50,24 @@ _COUNTS = ("chunk_threshold", "chunk_target", "max_chunks", "max_sessions", "ses
            "lookup_entries", "anchor_spacing", "edit_budget")
 
 
+def default_threads(cpus: int) -> int:
+    """The encoding threads of ``threads=None`` on ``cpus`` usable CPUs.
+
+    >>> default_threads(2), default_threads(64)
+    (2, 4)
+    """
+    return max(1, min(cpus, DEFAULT_THREADS_MAX))
+
+
+def default_workers(cpus: int) -> int:
+    """A :class:`dtok.Pool`'s workers when none are asked for, on ``cpus`` usable CPUs.
+
+    >>> default_workers(2), default_workers(64)
+    (2, 8)
+    """
+    return max(1, min(cpus, DEFAULT_WORKERS_MAX))
+
+
 def positive_int(name: str, value) -> None:
     """The check every count-like knob gets (the tokenizer's and the pool's)."""
     if type(value) is not int or value < 1:
@@ -57,6 +85,9 @@ def validate(knobs: dict[str, Any]) -> dict[str, Any]:
         positive_int(name, k[name])
     if k["threads"] is not None and (type(k["threads"]) is not int or k["threads"] < 1):
         raise ValueError(f"threads must be a positive int or None, got {k['threads']!r}")
+    if type(k["thread_renew_chars"]) is not int or k["thread_renew_chars"] < 0:
+        raise ValueError("thread_renew_chars must be a non-negative int, got "
+                         f"{k['thread_renew_chars']!r}")
     try:
         budget = tuple(k["scan_budget"])
     except TypeError:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtok.chunking import Chunker, split_at
 from dtok.encoders import ReferenceEncoder, available_cpus, fastokens_bpe_threads
+from dtok.knobs import default_threads
 from dtok.loading import FastParts, Lane, Loaded
 from dtok_ext.buffers import IdBuffer, ids_from_list
 from dtok_ext.cuts import ROUTE_FAST, ROUTE_GUARD, CutRules
@@ -183,7 +184,8 @@ class PieceEncoder:
         self.suffix: tuple[int, ...] = a.suffix  # ... and after it
         self.chunker = chunker
         self.scan_budget = knobs["scan_budget"][-1]
-        self.threads = knobs["threads"] or available_cpus()
+        self.threads = knobs["threads"] or default_threads(available_cpus())
+        self.thread_renew_chars = knobs["thread_renew_chars"]
         self.auto_threads = knobs["threads"] is None  # split only where it pays (useful_threads)
         self._reference_tokenizer = loaded.reference
         self.reference = ReferenceEncoder(loaded.reference)
@@ -205,6 +207,7 @@ class PieceEncoder:
         self._check_long = True  # private hook of the memory test's control (tests/test_memory.py)
         self._pieces = {"fast": 0, "reference": 0, "second": 0}
         self._executor: EncodeThreads | None = None
+        self._renewals_closed = 0  # renewals of the threads close() stopped
         self._lock = threading.Lock()
         if loaded.upgrade is not None and knobs["encoder"] != "reference":
             loaded.upgrade.subscribe(self)  # the fast encoder comes when its probes are done
@@ -260,7 +263,8 @@ class PieceEncoder:
                 a, b = span
                 out[k][a:b] = self._encode_routed(texts[k][a:b], False)
 
-        pending = self._pool().beside([partial(drain, k, False) for k in range(1, len(runs))])
+        pending = self._pool().beside([partial(drain, k, False) for k in range(1, len(runs))],
+                                      sum(map(len, (p for run in texts[1:] for p in run))))
         out[0] = self._encode_routed(texts[0], False)
         for k in range(1, len(runs)):
             drain(k, True)
@@ -297,7 +301,8 @@ class PieceEncoder:
         calls += [(self.reference.encode_stretches, g) for g in groups(slow, False, batch)]
         jobs = [partial(fn, [t for _, t in g]) for fn, g in calls]
         results: list = [None] * len(owner)
-        for (_, g), answer in zip(calls, self._at_once(jobs) if parallel else
+        handed = sum(len(t) for _, g in calls[1:] for _, t in g)
+        for (_, g), answer in zip(calls, self._at_once(jobs, handed) if parallel else
                                   [job() for job in jobs]):
             for (j, _), ids in zip(g, answer):
                 results[j] = ids
@@ -513,15 +518,19 @@ class PieceEncoder:
         return out
 
     def counts(self) -> dict[str, int]:
-        """Pieces each encoder took so far."""
+        """Pieces each encoder took so far, and how often the encoding threads were renewed."""
+        executor = self._executor
         with self._lock:
             return {"fast_pieces": self._pieces["fast"],
                     "reference_pieces": self._pieces["reference"],
-                    "second_pieces": self._pieces["second"]}
+                    "second_pieces": self._pieces["second"],
+                    "thread_renewals": self._renewals_closed
+                    + (executor.renewals if executor is not None else 0)}
 
     def close(self) -> None:
         """Stop the encoder threads (they are also stopped when this object is collected)."""
         if self._executor is not None:
+            self._renewals_closed += self._executor.renewals
             self._executor.shutdown(wait=True)
             self._executor = None
 
@@ -579,16 +588,16 @@ class PieceEncoder:
             self._pieces["reference"] += reference
             self._pieces["second"] += second
 
-    def _at_once(self, jobs: list) -> list:
+    def _at_once(self, jobs: list, chars: int) -> list:
         """The results of ``jobs`` (callables), in order: the first run in this thread while the
         others, handed out before it starts, run on the thread pool (off this thread's CPU,
         :mod:`dtok.encode_threads`); a job no pool thread has started by the time this thread
         is done is run here, so a pool thread that gets no CPU in time is not waited for. On
         one thread, in turn (a hand-off to a pool thread on the same core only adds a
-        switch)."""
+        switch). ``chars``: the characters of text ``jobs[1:]`` encode."""
         if len(jobs) <= 1 or self.threads == 1:
             return [job() for job in jobs]
-        pending = self._pool().beside(jobs[1:])
+        pending = self._pool().beside(jobs[1:], chars)
         first = jobs[0]()
         return [first, *(job() if fut.cancel() else fut.result()
                          for job, fut in zip(jobs[1:], pending))]
@@ -596,7 +605,7 @@ class PieceEncoder:
     def _map(self, fn, items: list) -> list:
         if self.threads == 1 or len(items) == 1:
             return [fn(x) for x in items]
-        return list(self._pool().map(fn, items))
+        return list(self._pool().map(fn, items, sum(map(len, items))))
 
     def _pool(self) -> EncodeThreads:
         if self._executor is None:
@@ -605,5 +614,5 @@ class PieceEncoder:
 
             with self._lock:
                 if self._executor is None:
-                    self._executor = EncodeThreads(self.threads)
+                    self._executor = EncodeThreads(self.threads, self.thread_renew_chars)
         return self._executor

@@ -135,3 +135,42 @@ def test_fastokens_is_held_to_one_thread_on_few_cpus_unless_the_operator_chose()
         assert control["tasks"] > 1  # fastokens' own BPE threads, what the hold prevents
     chosen = fastokens_threads_child(2, "2")
     assert chosen["env"] == "2" and not chosen["note"]
+
+
+def test_threads_are_renewed_after_their_characters():
+    """With ``renew_chars``, the threads that took that many characters end (a native encoder's
+    per-thread memo with them) and fresh ones take the next work; without it, the same threads
+    live on (the control)."""
+    def tids(threads: EncodeThreads, chars: int) -> set[int]:
+        return {f.result()[2] for f in threads.beside([where] * 2, chars=chars)}
+
+    threads = EncodeThreads(2, renew_chars=1000)
+    never = EncodeThreads(2)
+    try:
+        before = tids(threads, 600) | tids(threads, 300)  # 900 characters: the same threads
+        assert threads.renewals == 0 and len(before) <= 2
+        old = [t for t in threading.enumerate() if t.native_id in before]
+        renewed = tids(threads, 600)  # 1,500 in all: fresh threads
+        assert threads.renewals == 1 and not renewed & before
+        for t in old:
+            t.join(10)
+            assert not t.is_alive()
+        kept = set().union(*(tids(never, 10**9) for _ in range(5)))
+        assert never.renewals == 0 and len(kept) <= 2
+    finally:
+        threads.shutdown()
+        never.shutdown()
+
+
+def test_default_threads_leave_a_many_core_host_to_the_engine(monkeypatch):
+    """``threads=None`` takes the usable CPUs up to ``DEFAULT_THREADS_MAX`` (each encoding
+    thread holds fastokens' per-thread state); an explicit number is taken as given."""
+    import dtok
+    from dtok import pieces
+    from dtok.knobs import DEFAULT_THREADS_MAX
+
+    tok = dtok.Tokenizer.default(guard_probes="off")
+    for cpus, want in ((1, 1), (2, 2), (64, DEFAULT_THREADS_MAX)):
+        monkeypatch.setattr(pieces, "available_cpus", lambda: cpus)
+        assert tok.with_knobs().pieces.threads == want
+    assert tok.with_knobs(threads=16).pieces.threads == 16

@@ -304,3 +304,47 @@ def test_huge_runs_leave_no_fast_encoder_scratch_behind():
         grown[mode] = int(out[1]) - int(out[0])
     # measured here: on +2 MiB, off +89 MiB
     assert grown["on"] <= 25 and grown["off"] >= 50, grown
+
+
+_NEW_WORDS = r"""
+import ctypes, random, sys
+import dtok
+
+def rss():
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) // 1024
+
+tok = dtok.Tokenizer.from_file(sys.argv[1], content_lookup=False, threads=4,
+                               thread_renew_chars=int(sys.argv[2]))
+src = open(sys.argv[3], encoding="utf-8", newline="").read()
+src = src * (1 + 1_100_000 // len(src))
+rng, letters = random.Random(5), "abcdefghijklmnopqrstuvwxyz"
+def document():  # every word new: a fresh permutation of the letters
+    start, perm = rng.randrange(len(src) - 1_000_000), rng.sample(letters, 26)
+    return src[start:start + 1_000_000].translate(str.maketrans(letters, "".join(perm)))
+tok.encode(document())
+start = rss()
+for _ in range(40):
+    tok.encode(document())
+print(start, rss(), tok.stats()["thread_renewals"])
+"""
+
+
+def test_encoding_threads_memory_is_bounded_by_their_renewal():
+    """fastokens keeps a memo of the words each thread met for as long as the thread lives: the
+    encoding threads are renewed after ``thread_renew_chars`` characters in all, so what they
+    hold does not grow with the text encoded, nor with the threads. Control: never renewed, the
+    three pool threads' memos grow with the 40M characters of new words."""
+    if not sys.platform.startswith("linux"):
+        return
+    path = str(shared_path("tokenizers", "qwen3"))
+    prose = str(shared_path("corpus", "prose", "gutenberg-2701_moby-dick.txt"))
+    grown = {}
+    for renew in (4_000_000, 0):
+        out = subprocess.run([sys.executable, "-c", _NEW_WORDS, path, str(renew), prose],
+                             check=True, capture_output=True, text=True).stdout.split()
+        grown[renew] = (int(out[1]) - int(out[0]), int(out[2]))
+    (bounded, renewals), (unbounded, never) = grown[4_000_000], grown[0]
+    assert renewals >= 5 and never == 0, grown
+    # measured here: renewed +39 MiB (the calling thread's own memo among it), never +78
+    assert unbounded - bounded > 25, grown

@@ -3,7 +3,8 @@
 
     python tools/reliability/rss_distinct_text.py [--file qwen3] [--gigabytes 1]
                                                   [--lane default|gigatoken] [--renew-chars N]
-                                                  [--threads N] [--words new|corpus]
+                                                  [--threads N] [--thread-renew-chars N]
+                                                  [--words new|corpus]
                                                   [--encoders-alone] [--emulate-cpus N]
 
 Documents of 1M characters are corpus text (prose, code, multilingual, adversarial in turn)
@@ -57,6 +58,8 @@ def main() -> None:
     ap.add_argument("--lane", choices=("default", "gigatoken"), default="default")
     ap.add_argument("--renew-chars", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--thread-renew-chars", type=int, default=None,
+                    help="dtok's knob thread_renew_chars (default: dtok's; 0: never)")
     ap.add_argument("--words", choices=("new", "corpus"), default="new")
     ap.add_argument("--encoders-alone", action="store_true")
     ap.add_argument("--emulate-cpus", type=int, default=None)
@@ -79,7 +82,8 @@ def main() -> None:
         os.environ.setdefault("FASTOKENS_BPE_THREADS", str(args.emulate_cpus))
     import dtok
 
-    tok = load_tokenizer(args.file, content_lookup=False, threads=args.threads)
+    knobs = {} if args.thread_renew_chars is None else {"thread_renew_chars": args.thread_renew_chars}
+    tok = load_tokenizer(args.file, content_lookup=False, threads=args.threads, **knobs)
     if args.lane == "gigatoken":
         from test_fast import with_giga
 
@@ -96,6 +100,8 @@ def main() -> None:
           f" renew_chars {renew} threads {tok.threads}; loaded RSS {status('VmRSS')} MiB",
           flush=True)
     run(tok.encode, giga, args, read_text)
+    print(f"encoding threads renewed {tok.stats()['thread_renewals']} times "
+          f"(every {tok.knobs['thread_renew_chars']:,} characters)")
     tok.close()  # the encoding threads end, and with them their state
     gc.collect()
     trim_heap()

@@ -859,6 +859,20 @@ os.unlink(p)
 """
 
 
+def rss_points(series, submitted_at, end):
+    """The front end's RSS (MiB) at seed 004's four points: idle after loading (its first
+    sample), after its first 100 requests, during the load (the median sample), and after
+    the load stopped (the clean stop's probe, pools closed and sessions cleared)."""
+    if not series:
+        return None
+    after_100 = next((x[1] for x in series if len(submitted_at) >= 100
+                      and x[0] >= submitted_at[99]), None)
+    cleared = ((end or {}).get("probe") or {}).get("cleared")
+    return {"cold_idle": series[0][1], "after_100_requests": after_100,
+            "during_load": statistics.median(x[1] for x in series),
+            "after_load": cleared[0] if cleared else None}
+
+
 def analyze(out: Path, args, checker, leaked_after_restart, end_names, restarts, private_shm):
     faults = [json.loads(l) for l in (out / "faults.jsonl").read_text().splitlines()]
     windows = [(f["start"], f["end"]) for f in faults]
@@ -873,6 +887,7 @@ def analyze(out: Path, args, checker, leaked_after_restart, end_names, restarts,
     errors, twice, internal, skipped, long_answers = [], 0, 0, 0, 0
     lat = {"quiet": {}, "faults": {}}
     mem_fe, mem_w, leaked_close, details, probes, trims = [], {}, [], [], [], []
+    points = []
     unanswered, died_with_client, oldest_died = [], 0, 0.0
     tok_stats = None
     pool_counts: dict[str, dict] = {}
@@ -923,6 +938,7 @@ def analyze(out: Path, args, checker, leaked_after_restart, end_names, restarts,
             elif t == "end":
                 end = r
         mem_fe.append(fe_mem)
+        points.append(rss_points(fe_mem, sorted(r["at"] for r in sub.values()), end))
         if fe_trim:
             trims.append({"incarnation": inc, "n": len(fe_trim),
                           "trim_ms_p50": pct([x[3] for x in fe_trim], 0.5),
@@ -996,6 +1012,9 @@ def analyze(out: Path, args, checker, leaked_after_restart, end_names, restarts,
                "rss_growth": growth(1), "pss_growth": growth(2),
                "rss_per_min": per_min(1, s), "pss_per_min": per_min(2, s),
                "rss_per_min_last_half": per_min(1, s[len(s) // 2:]),
+               # the growth goal's measure: after the first 10 minutes of a lifetime
+               "rss_per_hour_after_10_min": (None if s[-1][0] - t0 < 900 else round(
+                   60 * per_min(1, [x for x in s if x[0] - t0 >= 600]), 1)),
                "rss_max": max(x[1] for x in s), "pss_max": max(x[2] for x in s)}
         if len(s[0]) > 3 and all(x[3] is not None for x in s):  # the front end: what it holds
             out.update(held_after_warmup=statistics.median(x[3] for x in first),
@@ -1026,7 +1045,8 @@ def analyze(out: Path, args, checker, leaked_after_restart, end_names, restarts,
         "leaked": leaked, "leaked_after_close": leaked_close,
         "leaked_after_restart": leaked_after_restart, "left_at_end": end_names,
         "latency_quiet": lat_table(lat["quiet"]), "latency_during_faults": lat_table(lat["faults"]),
-        "front_end_memory_mib": fe_flat, "front_end_memory_detail": details,
+        "front_end_memory_mib": fe_flat, "front_end_rss_points_mib": [p for p in points if p],
+        "front_end_memory_detail": details,
         "front_end_end_probe_mib": probes, "front_end_trims": trims,
         "worker_memory_mib": {
             "lifetimes_measured": len(w_flat),
