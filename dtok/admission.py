@@ -24,6 +24,8 @@ from typing import Any, NamedTuple
 
 from dtok.digests import sha256 as _sha256
 from dtok.families import identify
+from dtok.reference import missing
+from dtok.reference import version as tokenizers_version
 from dtok_ext.outline import emptied
 
 
@@ -276,7 +278,11 @@ def admit(files: TokenizerFiles, spec: dict[str, Any], reference) -> Admission:
     if getattr(reference, "encode_special_tokens", False):
         refused.append("encode_special_tokens is on (added tokens are not matched in text)")
 
-    added = list(reference.get_added_tokens_decoder().values())
+    gone = missing(reference)
+    if gone:
+        refused.append(f"tokenizers {tokenizers_version()} has no {', '.join(gone)}: what dtok's "
+                       "cut rules are proven with (the reference encodes every text)")
+    added = list(reference.get_added_tokens_decoder().values()) if not gone else []
     for flag in ("lstrip", "rstrip", "single_word"):
         hit = [t.content for t in added if getattr(t, flag)]
         if hit:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from dtok import guards, tables
+from dtok.reference import load as load_reference
 from dtok.admission import Admission, TokenizerFiles, admit
 from dtok.encoders import (FastEncoder, FastEncoderError, GigaEncoder, JsonFile, available_cpus,
                            fastokens_version, gigatoken_version)
@@ -71,10 +72,8 @@ def load(files: TokenizerFiles, encoder: str = "auto",
     of those names ("reference": no fast encoder is loaded; "fast": FastEncoderError unless
     one is; ``guard_probes="background"``: where no guard table covers the file, probe for one
     in the background (:mod:`dtok.probes`) and take the fast encoder when it is done)."""
-    from tokenizers import Tokenizer as Reference
-
     try:
-        reference = Reference.from_buffer(files.raw)
+        reference = load_reference(files.raw)
     except Exception:
         files.outline()  # a file that is not JSON gets dtok's clear ValueError
         raise

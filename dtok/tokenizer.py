@@ -239,6 +239,35 @@ class Tokenizer:
                 out[i] = self.encode(text, add_special_tokens=add_special_tokens)
         return out  # type: ignore[return-value]
 
+    # --- decoding -------------------------------------------------------------------------
+
+    def decode(self, ids: Sequence[int] | memoryview, skip_special_tokens: bool = True) -> str:
+        """The text of ``ids``, exactly as ``reference.decode(ids, skip_special_tokens)``: the
+        reference's decoder does it. ``ids``: a result of :meth:`encode` or :meth:`encode_list`,
+        or any sequence of ints. ``skip_special_tokens`` (the reference's default, True) drops
+        the tokens marked special, e.g. ``<|im_start|>``; added tokens not marked special stay.
+
+        >>> tok = Tokenizer.default()
+        >>> tok.decode(tok.encode("Hello, world!"))
+        'Hello, world!'
+        >>> ids = tok.encode_list("<|im_start|>user\\nhi<|im_end|>")
+        >>> tok.decode(ids), tok.decode(ids, skip_special_tokens=False)
+        ('user\\nhi', '<|im_start|>user\\nhi<|im_end|>')
+        """
+        return self.reference.decode(_id_list(ids), skip_special_tokens=skip_special_tokens)
+
+    def decode_batch(self, sequences: Sequence[Sequence[int] | memoryview],
+                     skip_special_tokens: bool = True) -> list[str]:
+        """:meth:`decode` for each sequence, exactly as ``reference.decode_batch``.
+
+        >>> tok = Tokenizer.default()
+        >>> tok.decode_batch(tok.encode_batch(["a b", "c"]))
+        ['a b', 'c']
+        """
+        if isinstance(sequences, (list, tuple)):
+            sequences = [_id_list(ids) for ids in sequences]
+        return self.reference.decode_batch(sequences, skip_special_tokens=skip_special_tokens)
+
     # --- introspection --------------------------------------------------------------------
 
     def explain(self, text: str, *, session: Hashable | None = None,
@@ -328,3 +357,9 @@ class Tokenizer:
         a = self.admission
         state = f"family={a.family}" if a.admitted else "not admitted"
         return f"<dtok.Tokenizer {self.files.path} {state} encoder={self.encoder.name}>"
+
+
+def _id_list(ids: Any) -> Any:
+    """A memoryview of IDs as the list the reference takes; anything else as given, so that
+    the reference decides (and raises its errors)."""
+    return ids.tolist() if isinstance(ids, memoryview) else ids
