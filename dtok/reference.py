@@ -55,8 +55,8 @@ def load(raw: bytes) -> Any:
 
 def _from_bytes(cls: Any, raw: bytes) -> Any:
     """``cls.from_file`` on the bytes: an anonymous memory file where Linux has one."""
-    if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("dtok-tokenizer.json")
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        fd = os.memfd_create("dtok-tokenizer.json", os.MFD_CLOEXEC)
         try:
             with os.fdopen(os.dup(fd), "wb") as f:
                 f.write(raw)
