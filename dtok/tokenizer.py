@@ -132,13 +132,15 @@ class Tokenizer:
                add_special_tokens: bool = True, scope: Hashable | None = None) -> memoryview:
         """IDs of ``text``, exactly as ``reference.encode(text, add_special_tokens=...).ids``.
 
-        Special tokens: as the reference does, every added-token string inside ``text`` (e.g.
-        ``<|im_start|>``) is matched and becomes that token's ID, so text from an untrusted
-        user can carry control tokens of the chat format. To encode such text literally, load
-        with the reference's own switch, ``encode_special_tokens=True``: strings of tokens
-        marked special are then plain text (added tokens not marked special still match), in
-        sessions and pools too. ``add_special_tokens`` is another thing: whether the
-        post-processor's tokens (e.g. BOS) are added around the text.
+        Special tokens, the reference's policy on every route:
+
+        * ``add_special_tokens=True`` (the default, as the reference's): the post-processor's
+          tokens go around the text (Llama 3's BOS; Qwen3 adds none). False: the text's alone.
+        * Added-token strings in ``text`` (e.g. ``<|im_start|>``), special or not, become their
+          IDs, whatever ``add_special_tokens`` says: text from an untrusted user can carry the
+          chat format's control tokens. The knob ``encode_special_tokens=True`` (the reference's
+          switch) makes the strings of tokens marked special plain text, in sessions and pools
+          too; added tokens not marked special still match.
 
         With ``session=key``, the text and IDs are kept: when the next text for the key extends
         the stored one, only a short tail is re-encoded. Without a key, texts of ``LOOKUP_MIN_CHARS``
