@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dtok import guards, tables
-from dtok.reference import load as load_reference
 from dtok.admission import Admission, TokenizerFiles, admit
 from dtok.encoders import (FastEncoder, FastEncoderError, GigaEncoder, JsonFile, available_cpus,
                            fastokens_version, gigatoken_version)
 from dtok.logs import logger
+from dtok.reference import load as load_reference
 from dtok_ext.cuts import CutRules
 from dtok_ext.specials import SpecialMatcher
 
