@@ -255,6 +255,8 @@ class Tokenizer:
         >>> ids = tok.encode_list("<|im_start|>user\\nhi<|im_end|>")
         >>> tok.decode(ids), tok.decode(ids, skip_special_tokens=False)
         ('user\\nhi', '<|im_start|>user\\nhi<|im_end|>')
+        >>> tok.decode(tok.encode("<tool_call>{}</tool_call><|im_end|>"))  # added, not special
+        '<tool_call>{}</tool_call>'
         """
         return self.reference.decode(_id_list(ids), skip_special_tokens=skip_special_tokens)
 
