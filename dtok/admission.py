@@ -19,11 +19,14 @@ Anything else is encoded by the reference, whole, and :attr:`Admission.reasons` 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from dtok.digests import sha256 as _sha256
 from dtok.families import identify
+from dtok.reference import missing
+from dtok.reference import version as tokenizers_version
 from dtok_ext.outline import emptied
 
 
@@ -102,7 +105,7 @@ class TokenizerFiles:
 _BULK = frozenset({"vocab", "merges"})
 
 
-def read_files(path: str | Path) -> TokenizerFiles:
+def read_files(path: str | os.PathLike[str]) -> TokenizerFiles:
     """Read ``tokenizer.json`` (a file, or a directory holding one; gzip-compressed when its name
     ends in ``.gz``) and the ``tokenizer_config.json`` beside it."""
     path = Path(path)
@@ -115,15 +118,15 @@ def read_files(path: str | Path) -> TokenizerFiles:
         import gzip
 
         raw = gzip.decompress(raw)
-    config_path = path.parent / "tokenizer_config.json"
+    config_path: Path | None = None
     config = None
-    if config_path.is_file():
+    beside = path.parent / "tokenizer_config.json"
+    if beside.is_file():
+        config_path = beside
         try:
-            config = json.loads(config_path.read_bytes())
+            config = json.loads(beside.read_bytes())
         except ValueError as exc:
-            raise ValueError(f"{config_path} is not valid JSON: {exc}") from None
-    else:
-        config_path = None
+            raise ValueError(f"{beside} is not valid JSON: {exc}") from None
     return TokenizerFiles(path, raw, config, config_path)
 
 
@@ -276,7 +279,11 @@ def admit(files: TokenizerFiles, spec: dict[str, Any], reference) -> Admission:
     if getattr(reference, "encode_special_tokens", False):
         refused.append("encode_special_tokens is on (added tokens are not matched in text)")
 
-    added = list(reference.get_added_tokens_decoder().values())
+    gone = missing(reference)
+    if gone:
+        refused.append(f"tokenizers {tokenizers_version()} has no {', '.join(gone)}: what dtok's "
+                       "cut rules are proven with (the reference encodes every text)")
+    added = list(reference.get_added_tokens_decoder().values()) if not gone else []
     for flag in ("lstrip", "rstrip", "single_word"):
         hit = [t.content for t in added if getattr(t, flag)]
         if hit:

@@ -148,7 +148,7 @@ def reasoning_chat(prose: str, code: str, turns: int = 30, seed: int = 0,
 
     messages: list[dict[str, Any]] = [{"role": "system",
                                        "content": "You are a careful assistant. " + piece(prose, 200, 600)}]
-    requests = []
+    requests: list[list[dict[str, Any]]] = []
     while len(requests) < turns:
         messages.append({"role": "user", "content": "Question: " + piece(prose, 100, 1500)})
         requests.append([dict(m) for m in messages])

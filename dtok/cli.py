@@ -166,7 +166,8 @@ def cmd_demo(args) -> int:
     print(f"admission: {'admitted' if tok.admission.admitted else 'NOT admitted'} "
           f"({'; '.join(tok.admission.reasons)})")
     stats = tok.stats()
-    print(f"encoder: {stats['encoder']} ({'; '.join(stats['notes']) or 'as asked'})")
+    why = '; '.join(stats['notes']) or ('as asked' if tok.admission.admitted else 'not admitted')
+    print(f"encoder: {stats['encoder']} ({why})")
     ok = True
     print("\n1. an agent session growing turn by turn (shipped prose and code), session key 'demo'")
     print(f"{'turn':>4} {'chars':>9} {'route':>15} {'dtok ms':>9} {'reference ms':>13} "

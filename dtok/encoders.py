@@ -127,9 +127,9 @@ def installed_version(package: str) -> str | None:
         if names:
             break
     try:
-        from importlib.metadata import version
+        from importlib.metadata import version as dist_version
 
-        return version(package)
+        return dist_version(package)
     except Exception:
         return None
 
@@ -239,13 +239,19 @@ class JsonFile:
         """A native encoder made by ``load_file(path)``, or ``load_str(json)`` without a file."""
         if self._fd is not None:
             return load_file(f"/proc/self/fd/{self._fd}")
-        return load_str(self._raw.decode("utf-8"))
+        return load_str(self._held().decode("utf-8"))
 
     def text(self) -> str:
         """The JSON as a str (for an encoder that reads nothing else)."""
         if self._fd is None:
-            return self._raw.decode("utf-8")
+            return self._held().decode("utf-8")
         return os.pread(self._fd, os.fstat(self._fd).st_size, 0).decode("utf-8")
+
+    def _held(self) -> bytes:
+        """The bytes, where no memory file took them."""
+        if self._raw is None:
+            raise ValueError("the JSON was handed to a memory file")
+        return self._raw
 
     def close(self) -> None:
         if self._fd is not None:

@@ -61,7 +61,7 @@ import re
 import time
 from pathlib import Path
 from types import MappingProxyType
-from typing import Callable, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 from dtok import tables
 from dtok.encoders import FastEncoder, FastEncoderError
@@ -73,7 +73,7 @@ BUNDLED_DIR = Path(__file__).parent / "data" / "guards"
 _BLOCK = 8192
 
 
-_EMPTY = MappingProxyType({})  # a read-only empty default (the tables are never changed)
+_EMPTY: Mapping[str, Any] = MappingProxyType({})  # a read-only empty default (the tables are never changed)
 
 
 class GuardTable(NamedTuple):
@@ -85,11 +85,11 @@ class GuardTable(NamedTuple):
     disagree: tuple[int, ...]  # code points where the probes found a difference
     checked: dict  # what the build compared
     source: str
-    nfc: dict = _EMPTY  # the NFC proof: agrees, probes, unprobed, failures
+    nfc: Mapping[str, Any] = _EMPTY  # the NFC proof: agrees, probes, unprobed, failures
     encoder: str = "fastokens"  # which fast encoder the probes ran ("fastokens", "gigatoken")
     # measured after the build (tools/data/build_guards.py): gigatoken's "ratio" to fastokens
     # by text class; fastokens' "long_piece": whole 1M-character documents against cut ones
-    speed: dict = _EMPTY
+    speed: Mapping[str, Any] = _EMPTY
 
     @property
     def nfc_proven(self) -> bool:
@@ -254,15 +254,15 @@ def nfc_probe_sets(table: bytes, guard: bytearray, say=lambda msg: None) -> tupl
     usable = [c for c in range(0x110000) if not guard[c]]
     non_anchor = [chr(c) for c in usable if not table[c] & tables.NFC_ANCHOR]
     # a mark of every combining class Python knows, plus starters that are marks or jamo
-    reps: dict[int, str] = {}
+    by_class: dict[int, str] = {}
     for ch in non_anchor:
-        reps.setdefault(unicodedata.combining(ch), ch)
-    reps = list(reps.values()) + ["\u093e", "\u0b3e", "\u1161", "\u11a8", "a"]
+        by_class.setdefault(unicodedata.combining(ch), ch)
+    reps = list(by_class.values()) + ["\u093e", "\u0b3e", "\u1161", "\u11a8", "a"]
     chars = [chr(c) for c in usable if c != 0x0A]
     ref_nfd = nfd.normalize_str("\n".join(chars)).split("\n")
     if len(ref_nfd) != len(chars):
         raise RuntimeError("NFD probe separators were not preserved")
-    decomposed = {}
+    decomposed: dict[str, set[str]] = {}
     for ch, d in zip(chars, ref_nfd):
         for cand in (d, unicodedata.normalize("NFD", ch)):
             if cand != ch:

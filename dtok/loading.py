@@ -7,15 +7,19 @@ import os
 import threading
 import weakref
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dtok import guards, tables
 from dtok.admission import Admission, TokenizerFiles, admit
 from dtok.encoders import (FastEncoder, FastEncoderError, GigaEncoder, JsonFile, available_cpus,
                            fastokens_version, gigatoken_version)
 from dtok.logs import logger
+from dtok.reference import load as load_reference
 from dtok_ext.cuts import CutRules
 from dtok_ext.specials import SpecialMatcher
+
+if TYPE_CHECKING:  # the probes' module is imported when probes start
+    from dtok.probes import ProbeJob
 
 __all__ = ["Lane", "Loaded", "FastParts", "Upgrade", "load", "SECOND_WINS", "LONG_PIECE_WINS"]
 
@@ -71,10 +75,8 @@ def load(files: TokenizerFiles, encoder: str = "auto",
     of those names ("reference": no fast encoder is loaded; "fast": FastEncoderError unless
     one is; ``guard_probes="background"``: where no guard table covers the file, probe for one
     in the background (:mod:`dtok.probes`) and take the fast encoder when it is done)."""
-    from tokenizers import Tokenizer as Reference
-
     try:
-        reference = Reference.from_buffer(files.raw)
+        reference = load_reference(files.raw)
     except Exception:
         files.outline()  # a file that is not JSON gets dtok's clear ValueError
         raise
@@ -140,6 +142,8 @@ class _RuleMaker:
     added-token matchers and the normalizer, read and built once for every lane of a load."""
 
     def __init__(self, admission: Admission, reference, encode_special_tokens: bool) -> None:
+        if admission.family is None:  # only an admitted file (which has a family) has rules
+            raise ValueError("cut rules need an admitted file: " + "; ".join(admission.reasons))
         self.family = tables.load(admission.family)
         # with encode_special_tokens the reference matches only the added tokens not marked
         # special: those are the boundaries the cut rules know
@@ -173,7 +177,8 @@ def _fast_parts(json_file: JsonFile, reference, admission: Admission, table_sha:
     if guard.encoder == "fastokens":
         long_piece_classes |= {c for c, r in guard.speed.get("long_piece", {}).items()
                                if r <= LONG_PIECE_WINS}
-    second, second_classes = None, frozenset()
+    second: Lane | None = None
+    second_classes: frozenset[str] = frozenset()
     if giga is not None:
         nfc = admission.nfc and giga_guard.nfc_proven
         second = Lane(giga, maker.rules(giga_guard, nfc), nfc)
@@ -207,7 +212,7 @@ class Upgrade:
     def __init__(self, path, table_sha: str) -> None:
         self.path = path
         self.table_sha = table_sha
-        self.job = None
+        self.job: ProbeJob | None = None
         self.error = ""  # the probes could not start
         self.parts: FastParts | None = None  # once done
         self.notes: list[str] = []
@@ -222,7 +227,7 @@ class Upgrade:
         path = Path(self.path) if self.path else None
         same_file = path is not None and path.is_file() and loaded.admission.sha256 == self.table_sha
         try:
-            if not same_file:  # the loaded reference's JSON: the same tokenizer
+            if path is None or not same_file:  # the loaded reference's JSON: the same tokenizer
                 path = tables.cache_dir() / "probes" / f"{self.table_sha[:16]}-{os.getpid()}.json"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(loaded.reference.to_str())
@@ -241,6 +246,8 @@ class Upgrade:
 
     def _done(self, table) -> None:
         loaded = self._loaded
+        if loaded is None:  # the job's callback: start() sets it before the job begins
+            raise RuntimeError("guard probes ended before they were started")
         notes: list[str] = []
         with JsonFile(loaded.reference.to_str().encode("utf-8")) as json_file:
             parts = _fast_parts(json_file, loaded.reference, loaded.admission, self.table_sha,

@@ -282,8 +282,8 @@ class PieceEncoder:
 
         lanes = [self.main] if self.second is None else [self.main, self.second]
         by_lane: list[list] = [[] for _ in lanes]  # (slot, sub-text) for each fast encoder
-        slow = []
-        owner = []  # slot -> piece index
+        slow: list[tuple[int, str]] = []
+        owner: list[int] = []  # slot -> piece index
         for i, piece in enumerate(pieces):
             k = 1 if len(lanes) > 1 and text_class(piece) in self.second_classes else 0
             for a, b, why in self.segments(piece, lanes[k]):
@@ -444,7 +444,8 @@ class PieceEncoder:
                 merged[-1][1] = b
             else:
                 merged.append([a, b])
-        out, pos, k = [], 0, 0
+        out: list[tuple[int, int, str | None]] = []
+        pos, k = 0, 0
         for a, b in merged:
             if a > pos:
                 out.append((pos, a, None))
@@ -481,11 +482,14 @@ class PieceEncoder:
     def unstable(self, piece: str) -> list[tuple[int, int]]:
         """The NFC windows of the piece that the reference normalizer would change (one
         normalizer call over all windows; by bisection if the piece holds the separator)."""
-        found = self.rules.unstable_windows(piece)
+        rules = self.rules
+        if rules is None:  # only an admitted file's text is cut and checked
+            raise ValueError("NFC windows need an admitted file's cut rules")
+        found = rules.unstable_windows(piece)
         if found is not None:
             return found
         normalize = self._reference_tokenizer.normalizer.normalize_str
-        windows = self.rules.nfc_windows(piece)
+        windows = rules.nfc_windows(piece)
         texts = [piece[a:c] for a, c in windows]
 
         def bad(lo: int, hi: int) -> list[tuple[int, int]]:

@@ -253,7 +253,7 @@ class ProbeJob:
 
     def _wait(self) -> None:
         lines = []
-        for line in self._proc.stdout:
+        for line in self._proc.stdout or ():  # a pipe (stdout=PIPE)
             lines.append(line.rstrip())
             self.progress = lines[-1]
         rc = self._proc.wait()

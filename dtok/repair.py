@@ -208,7 +208,7 @@ def plan_text(rules: CutRulesLike, old: str | None, anchors: Anchors | None, new
     return plan
 
 
-def plan_continuation(rules: CutRulesLike, old: str, anchors: Anchors, new: str,
+def plan_continuation(rules: CutRulesLike, old: str, anchors: Anchors | None, new: str,
                       knobs: PlanKnobs) -> Plan:
     """The plan that brings ``old`` (with ``anchors``) to ``new``; kind "encode" (and no ops)
     when nothing can be reused."""
@@ -246,7 +246,9 @@ def plan_continuation(rules: CutRulesLike, old: str, anchors: Anchors, new: str,
     return plan
 
 
-def _seam(plan: Plan, old: str, anchors: Anchors, x: int) -> Seam:
+def _seam(plan: Plan, old: str, anchors: Anchors | None, x: int) -> Seam:
+    if anchors is None:  # stored text comes with its anchors: a caller's error
+        raise ValueError("a continuation of stored text needs its anchors")
     i = anchors.nearest(x)
     a, t = int(anchors.offsets[i]), int(anchors.tokens[i])
     if a == x:
@@ -386,9 +388,9 @@ class Planner:
     'append'
     """
 
-    def __init__(self, rules: CutRulesLike, knobs: PlanKnobs,
+    def __init__(self, rules: CutRulesLike | None, knobs: PlanKnobs,
                  chunk_cuts: Callable[[str], list[int]]) -> None:
-        self.rules = rules
+        self._rules = rules  # None: a file not admitted, which the reference encodes whole
         self.knobs = knobs
         self._chunk_cuts = chunk_cuts  # the stateless route's cuts: a first encode's chunks
 
@@ -400,6 +402,13 @@ class Planner:
         knobs = self.knobs if edit_budget is None or edit_budget >= self.knobs.edit_budget \
             else self.knobs._replace(edit_budget=edit_budget)
         return plan_text(self.rules, old, anchors, text, knobs, self._chunk_cuts)
+
+    @property
+    def rules(self) -> CutRulesLike:
+        """The cut rules plans are made under."""
+        if self._rules is None:
+            raise ValueError("a file that is not admitted has no cut rules to plan under")
+        return self._rules
 
     def anchors_after(self, plan: Plan, resolved: Sequence[tuple[int, int]],
                       counts: Sequence[int], old: Anchors | None) -> Anchors:

@@ -21,10 +21,13 @@ import os
 import zlib
 from functools import lru_cache
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from dtok.families import ACCEPTED, CLASSES, FAMILIES, TABLES_DIR, Family
 from dtok.logs import logger
+
+if TYPE_CHECKING:  # annotations only: loading a table does not import numpy
+    import numpy as np
 
 
 SCHEMA = 3  # 3: noncharacters are no longer guard characters
@@ -134,7 +137,8 @@ def nfc_anchor_mask() -> np.ndarray:
 # --- building -------------------------------------------------------------------------------
 
 
-def class_names(family: Family, masks: dict[str, np.ndarray]) -> tuple[np.ndarray, list[str]]:
+def class_names(family: Family, masks: dict[str, np.ndarray]
+                ) -> tuple[np.ndarray, dict[int, str]]:
     """Per code point, the name of its class ("+"-joined atom labels, "O" for none)."""
     import numpy as np
     sig = np.zeros(N_CODEPOINTS, dtype=np.int64)

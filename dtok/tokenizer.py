@@ -132,13 +132,15 @@ class Tokenizer:
                add_special_tokens: bool = True, scope: Hashable | None = None) -> memoryview:
         """IDs of ``text``, exactly as ``reference.encode(text, add_special_tokens=...).ids``.
 
-        Special tokens: as the reference does, every added-token string inside ``text`` (e.g.
-        ``<|im_start|>``) is matched and becomes that token's ID, so text from an untrusted
-        user can carry control tokens of the chat format. To encode such text literally, load
-        with the reference's own switch, ``encode_special_tokens=True``: strings of tokens
-        marked special are then plain text (added tokens not marked special still match), in
-        sessions and pools too. ``add_special_tokens`` is another thing: whether the
-        post-processor's tokens (e.g. BOS) are added around the text.
+        Special tokens, the reference's policy on every route:
+
+        * ``add_special_tokens=True`` (the default, as the reference's): the post-processor's
+          tokens go around the text (Llama 3's BOS; Qwen3 adds none). False: the text's alone.
+        * Added-token strings in ``text`` (e.g. ``<|im_start|>``), special or not, become their
+          IDs, whatever ``add_special_tokens`` says: text from an untrusted user can carry the
+          chat format's control tokens. The knob ``encode_special_tokens=True`` (the reference's
+          switch) makes the strings of tokens marked special plain text, in sessions and pools
+          too; added tokens not marked special still match.
 
         With ``session=key``, the text and IDs are kept: when the next text for the key extends
         the stored one, only a short tail is re-encoded. Without a key, texts of ``LOOKUP_MIN_CHARS``
@@ -239,6 +241,37 @@ class Tokenizer:
                 out[i] = self.encode(text, add_special_tokens=add_special_tokens)
         return out  # type: ignore[return-value]
 
+    # --- decoding -------------------------------------------------------------------------
+
+    def decode(self, ids: Sequence[int] | memoryview, skip_special_tokens: bool = True) -> str:
+        """The text of ``ids``, exactly as ``reference.decode(ids, skip_special_tokens)``: the
+        reference's decoder does it. ``ids``: a result of :meth:`encode` or :meth:`encode_list`,
+        or any sequence of ints. ``skip_special_tokens`` (the reference's default, True) drops
+        the tokens marked special, e.g. ``<|im_start|>``; added tokens not marked special stay.
+
+        >>> tok = Tokenizer.default()
+        >>> tok.decode(tok.encode("Hello, world!"))
+        'Hello, world!'
+        >>> ids = tok.encode_list("<|im_start|>user\\nhi<|im_end|>")
+        >>> tok.decode(ids), tok.decode(ids, skip_special_tokens=False)
+        ('user\\nhi', '<|im_start|>user\\nhi<|im_end|>')
+        >>> tok.decode(tok.encode("<tool_call>{}</tool_call><|im_end|>"))  # added, not special
+        '<tool_call>{}</tool_call>'
+        """
+        return self.reference.decode(_id_list(ids), skip_special_tokens=skip_special_tokens)
+
+    def decode_batch(self, sequences: Sequence[Sequence[int] | memoryview],
+                     skip_special_tokens: bool = True) -> list[str]:
+        """:meth:`decode` for each sequence, exactly as ``reference.decode_batch``.
+
+        >>> tok = Tokenizer.default()
+        >>> tok.decode_batch(tok.encode_batch(["a b", "c"]))
+        ['a b', 'c']
+        """
+        if isinstance(sequences, (list, tuple)):
+            sequences = [_id_list(ids) for ids in sequences]
+        return self.reference.decode_batch(sequences, skip_special_tokens=skip_special_tokens)
+
     # --- introspection --------------------------------------------------------------------
 
     def explain(self, text: str, *, session: Hashable | None = None,
@@ -328,3 +361,9 @@ class Tokenizer:
         a = self.admission
         state = f"family={a.family}" if a.admitted else "not admitted"
         return f"<dtok.Tokenizer {self.files.path} {state} encoder={self.encoder.name}>"
+
+
+def _id_list(ids: Any) -> Any:
+    """A memoryview of IDs as the list the reference takes; anything else as given, so that
+    the reference decides (and raises its errors)."""
+    return ids.tolist() if isinstance(ids, memoryview) else ids

@@ -25,6 +25,15 @@ def test_help(command):
     assert out.returncode == 0 and "usage: dtok" in out.stdout
 
 
+def test_version():
+    """The installed package's version, which is the one dtok reports (dtok.__version__)."""
+    from importlib.metadata import version
+
+    out = run("--version")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"dtok {version('dtok')}\n" == f"dtok {cli.dtok.__version__}\n"
+
+
 def test_demo_small():
     out = run("demo", "--chars", "200000", "--turns", "4")
     assert out.returncode == 0, out.stderr

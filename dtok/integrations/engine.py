@@ -441,7 +441,8 @@ class EngineHook:
         with self._lock:
             self.timings.append(took)
 
-    def _target(self, call: Callable[[], Any], wait: bool, warm_loop=None):
+    def _target(self, call: Callable[[], Any], wait: bool, warm_loop=None
+                ) -> tuple[Any, str, EncodeOptions, Any] | None:
         """(wrapper, text, options, key) when dtok answers: ``call()`` gave (the engine's
         tokenizer, text, :class:`EncodeOptions`) and dtok serves that tokenizer; else None."""
         request = call()

@@ -38,13 +38,15 @@ def patch(targets, package: str) -> list[str]:
         orig = getattr(owner, attr)
         if getattr(orig, "__dtok_hook__", False):
             continue
+        patched: Any
         if inspect.iscoroutinefunction(orig):
-            async def patched(*a, __orig=orig, __hook=hook, **k):
+            async def around_async(*a, __orig=orig, __hook=hook, **k):
                 return await __hook(__orig, *a, **k)
+            patched = functools.wraps(orig)(around_async)
         else:
-            def patched(*a, __orig=orig, __hook=hook, **k):
+            def around(*a, __orig=orig, __hook=hook, **k):
                 return __hook(__orig, *a, **k)
-        patched = functools.wraps(orig)(patched)
+            patched = functools.wraps(orig)(around)
         patched.__dtok_hook__ = True
         setattr(owner, attr, patched)
         if not isinstance(owner, type):  # a module function: also where it was imported to
