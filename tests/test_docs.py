@@ -97,7 +97,7 @@ def test_readme_is_short():
 def test_readme_examples():
     result = doctest.testfile(str(ROOT / "README.md"), module_relative=False,
                               optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 5 and result.failed == 0
+    assert result.attempted >= 5 and result.failed == 0  # the quick start's five-line example
 
 
 @pytest.mark.usefixtures("one_default_load")
