@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import os
 
+from dtok import allocator
 from dtok.integrations import engine, patching
 from dtok.integrations.engine import EncodeOptions, bound_key, encode_options
 from dtok.integrations.identity import compare_sections
@@ -146,6 +147,7 @@ def register() -> None:
     A no-op unless ``DTOK_SGLANG=1``."""
     if os.environ.get("DTOK_SGLANG") != "1":
         return
+    allocator.tune()  # a front end that encodes megabyte texts stays flat (dtok.allocator)
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     for target, hook in TARGETS:

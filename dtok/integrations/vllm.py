@@ -51,6 +51,7 @@ import asyncio
 import logging
 import os
 
+from dtok import allocator
 from dtok.integrations import engine, lag, patching
 from dtok.integrations.engine import bound_key, encode_options
 
@@ -177,4 +178,5 @@ def register() -> None:
     A no-op unless ``DTOK_VLLM=1``."""
     if os.environ.get("DTOK_VLLM") != "1":
         return
+    allocator.tune()  # a front end that encodes megabyte texts stays flat (dtok.allocator)
     install()
