@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT
 
-MODULES = ["dtok", "dtok.tokenizer", "dtok.knobs", "dtok.chunking", "dtok.repair",
+MODULES = ["dtok", "dtok.tokenizer", "dtok.knobs", "dtok.chunking", "dtok.repair", "dtok.planning",
            "dtok_ext.buffers", "dtok_ext.specials", "dtok_ext.utf8"]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # The languages a fenced block may have, and how each is checked: python blocks run as doctests,

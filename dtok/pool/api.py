@@ -36,9 +36,9 @@ from typing import Any, Hashable
 import posix_ipc
 
 from dtok.admission import bundled_files
-from dtok.chunking import chunk_count, split_at
+from dtok.chunking import chunk_count
 from dtok.encoders import available_cpus
-from dtok.knobs import positive_int
+from dtok.knobs import POOL_SHARED, validate_pool
 from dtok.pool import protocol as P
 from dtok.pool import shm
 from dtok.pool.channel import Channel, payload_bytes
@@ -51,7 +51,7 @@ from dtok.pool.worker import write_turn
 from dtok.pool.zygote_client import Resources, ZygoteClient
 from dtok.repair import Anchors
 from dtok.sessions import (LOOKUP_MIN_CHARS, LOOP_CHARS, ContentIndex, alignment_budget,
-                           is_continuation, plan_fits, scoped_key)
+                           is_continuation, scoped_key)
 from dtok.tokenizer import Tokenizer
 from dtok_ext.align import common_prefix
 from dtok_ext.buffers import IdBuffer
@@ -126,24 +126,13 @@ class Pool(Supervision):
                 bundled_files() if tokenizer_or_path is None else tokenizer_or_path,
                 encoder="reference", **literal)
             worker_knobs = {"encoder": "auto", **literal}
-        # A knob left unset is the tokenizer's (one rule: the tokenizer's knobs, themselves
-        # validated and defaulted from KNOBS).
-        tk = self.tokenizer.knobs
+        # A knob left unset is the tokenizer's; one validator checks them all (dtok.knobs).
+        given = dict(zip(POOL_SHARED, (chunk_threshold, chunk_target, max_chunks, max_sessions,
+                                       session_bytes)))
+        tk = validate_pool(self.tokenizer.knobs, given, workers=workers, shm_bytes=shm_bytes,
+                           chunks_per_worker=chunks_per_worker, stateless_queue=stateless_queue)
         chunk_threshold, chunk_target, max_chunks, max_sessions, session_bytes = (
-            tk[k] if v is None else v for k, v in (
-                ("chunk_threshold", chunk_threshold), ("chunk_target", chunk_target),
-                ("max_chunks", max_chunks), ("max_sessions", max_sessions),
-                ("session_bytes", session_bytes)))
-        for label, value in (("chunk_threshold", chunk_threshold), ("chunk_target", chunk_target),
-                             ("max_chunks", max_chunks), ("max_sessions", max_sessions),
-                             ("session_bytes", session_bytes),
-                             ("chunks_per_worker", chunks_per_worker)):
-            positive_int(label, value)
-        for label, value in (("workers", workers), ("shm_bytes", shm_bytes)):
-            if value is not None:
-                positive_int(label, value)
-        if stateless_queue not in ("shared", "round_robin"):
-            raise ValueError("stateless_queue must be 'shared' or 'round_robin'")
+            tk[k] for k in POOL_SHARED)
         self.n_workers = workers or available_cpus()
         self.name = name or f"pool{os.getpid()}"
         self.chunk_threshold, self.chunk_target, self.max_chunks = (
@@ -306,12 +295,12 @@ class Pool(Supervision):
                 return None
             plan = None
             if pool_session.inflight is None and not pool_session.queue:
-                plan = self.tokenizer.planner.plan(pool_session.text, pool_session.anchors,
+                plan = self.tokenizer.planning.plan(pool_session.text, pool_session.anchors,
                                                    text, edit_budget=plan_work)
                 if plan.kind == "encode" or plan.work - plan.prefix_len > plan_work:
                     return None  # nothing reused, or the alignment stopped early
             on_loop = plan is not None and plan.kind != "hit" \
-                and plan_fits(self.tokenizer.pieces, plan, loop_chars)
+                and self.tokenizer.planning.fits(plan, loop_chars)
             if unkeyed and not on_loop:
                 return None  # a worker's (the submit thread's lookup), or no work at all
             req = Request(text, add_special, "stateless" if unkeyed else "session", want_list)
@@ -345,7 +334,7 @@ class Pool(Supervision):
         old_map = self.sessions.segment_map(pool_session, target.old_gen) \
             if target.old_gen else None
         try:
-            outcome, keep, n_body = write_turn(plan, self.tokenizer.pieces, old_map,
+            outcome, keep, n_body = write_turn(plan, self.tokenizer.planning, old_map,
                                                self.sessions.segment_map(pool_session, target.gen),
                                                old_n, target.valid)
         except Exception:  # noqa: BLE001 - a worker's turn decides (and fails over)
@@ -580,7 +569,7 @@ class Pool(Supervision):
         live = max(1, sum(ch.alive for ch in self._channels))
         k = min(chunk_count(len(text), self.chunk_target, self.max_chunks),
                 live * self.chunks_per_worker)
-        return split_at(text, self.tokenizer.chunker.cuts(text, k))
+        return self.tokenizer.planning.cut(text, k)
 
     def _submit_chunked(self, req: Request, pieces: list[str]) -> None:
         req.kind = "chunked"
@@ -598,7 +587,7 @@ class Pool(Supervision):
         requests run one at a time, in order); ``plan``: the first one's, made already."""
         while pool_session.inflight is None and pool_session.queue:
             req = pool_session.queue.popleft()
-            this = plan if plan is not None else self.tokenizer.planner.plan(
+            this = plan if plan is not None else self.tokenizer.planning.plan(
                 pool_session.text, pool_session.anchors, req.text)
             plan = None
             if this.kind == "hit":
@@ -709,7 +698,7 @@ class Pool(Supervision):
             log.warning("dtok pool: a session plan failed (%s); encoding whole", c.error)
             self._task_dropped(task)
             try:
-                plan = self.tokenizer.planner.plan(None, None, req.text)
+                plan = self.tokenizer.planning.plan(None, None, req.text)
                 retry = self._session_task(pool_session, req, plan)
             except shm.ShmFull as exc:
                 self._shm_full(req, exc)
@@ -725,7 +714,7 @@ class Pool(Supervision):
         change nothing for the workers): it becomes the session's state and answers ``req``;
         the session's next request starts. ``report``: the turn's (resolved stretches, counts
         of IDs per encoded text), as :func:`dtok.pool.protocol.report` carries them."""
-        anchors = self.tokenizer.planner.anchors_after(plan, *report, pool_session.anchors)
+        anchors = self.tokenizer.planning.anchors_after(plan, *report, pool_session.anchors)
         if worker is None:
             worker = pool_session.known_by
         elif pool_session.known_by != worker:  # re-homed (a worker died): the last may unmap it
