@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["KNOBS", "ENCODERS", "validate", "positive_int", "default_threads", "default_workers"]
+__all__ = ["KNOBS", "ENCODERS", "validate", "positive_int", "POOL_SHARED", "validate_pool",
+           "default_threads", "default_workers"]
 
 # what ``threads=None`` and ``Pool(workers=None)`` take of a host's CPUs: each encoding thread
 # and each worker holds a fast encoder's per-thread state, and the engine shares the host
@@ -45,6 +46,9 @@ KNOBS: dict[str, Any] = {
     "guard_probes": "background",
 }
 ENCODERS = ("auto", "fast", "reference")
+STATELESS_QUEUES = ("shared", "round_robin")
+#: the knobs a pool shares with its tokenizer (None in the pool: the tokenizer's value)
+POOL_SHARED = ("chunk_threshold", "chunk_target", "max_chunks", "max_sessions", "session_bytes")
 GUARD_PROBES = ("background", "off")
 _COUNTS = ("chunk_threshold", "chunk_target", "max_chunks", "max_sessions", "session_bytes",
            "lookup_entries", "anchor_spacing", "edit_budget")
@@ -103,3 +107,23 @@ def validate(knobs: dict[str, Any]) -> dict[str, Any]:
         if type(k[name]) is not bool:
             raise ValueError(f"{name} must be a bool, got {k[name]!r}")
     return k
+
+
+def validate_pool(tokenizer_knobs: dict[str, Any], shared: dict[str, Any], *, workers,
+                  shm_bytes, chunks_per_worker, stateless_queue) -> dict[str, Any]:
+    """A pool's knobs: the tokenizer's (``tokenizer_knobs``) with the ``shared`` ones given (not
+    None) in their place, checked by :func:`validate`, and the pool's own (``workers`` and
+    ``shm_bytes``: None for their defaults), checked here.
+
+    >>> validate_pool(KNOBS, {"max_chunks": 4}, workers=None, shm_bytes=None,
+    ...               chunks_per_worker=1, stateless_queue="shared")["max_chunks"]
+    4
+    """
+    knobs = validate({**tokenizer_knobs, **{k: v for k, v in shared.items() if v is not None}})
+    positive_int("chunks_per_worker", chunks_per_worker)
+    for name, value in (("workers", workers), ("shm_bytes", shm_bytes)):
+        if value is not None:
+            positive_int(name, value)
+    if stateless_queue not in STATELESS_QUEUES:
+        raise ValueError("stateless_queue must be 'shared' or 'round_robin'")
+    return knobs

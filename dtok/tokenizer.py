@@ -16,6 +16,7 @@ from dtok.chunking import Chunker, split_at
 from dtok.knobs import KNOBS, validate
 from dtok.loading import Loaded, load
 from dtok.pieces import PieceEncoder
+from dtok.planning import Planning
 from dtok.repair import PlanKnobs, Planner
 from dtok.sessions import LOOKUP_MIN_CHARS, SessionStore, scoped_key
 from dtok_ext.buffers import IdBuffer, ids_from_list
@@ -75,6 +76,7 @@ class Tokenizer:
         self.planner = Planner(
             self.rules, PlanKnobs(knobs["scan_budget"][-1], knobs["anchor_spacing"],
                                   knobs["edit_budget"]), self.pieces.stateless_cuts)
+        self.planning = Planning(self.planner, self.pieces, self.chunker)  # the pool's door
         self.sessions = SessionStore(
             self.pieces, self.planner, max_sessions=knobs["max_sessions"],
             session_bytes=knobs["session_bytes"], lookup_entries=knobs["lookup_entries"],

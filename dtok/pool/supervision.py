@@ -3,174 +3,196 @@ does not come up in time, a worker's death (its task failed over, its queue re-h
 replaced unless it keeps failing), request timeouts, and the two threads that watch it all: the
 dispatcher (answers, timeouts, starts) and the zygote's event reader.
 
-:class:`Supervision` is the part of :class:`dtok.pool.Pool` that does this; it works on the
-pool's channels, queues and sessions under the pool's lock, and calls the pool's routing
-(``_assign``, ``_push_task``) and failure (``_fail``, ``_task_dropped``) steps.
+:class:`Supervisor` is a part the :class:`dtok.pool.Pool` owns; it works on the pool's shared
+state under its lock, through the dispatch, routing, session and failover parts it is given.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from typing import NamedTuple
 
 import posix_ipc
 
 from dtok.pool import protocol as P
 from dtok.pool import shm
+from dtok.pool.answers import Answers
 from dtok.pool.channel import Channel
+from dtok.pool.dispatch import Dispatch
+from dtok.pool.failover import Failover, Failure
 from dtok.pool.records import PoolError
-from dtok.pool.zygote_client import ZygoteClient, tokenizer_bytes
+from dtok.pool.routing import Routing
+from dtok.pool.session_flow import SessionFlow
+from dtok.pool.state import PoolState
+from dtok.pool.zygote_client import Resources, ZygoteClient, tokenizer_bytes
 
 log = logging.getLogger("dtok")
 
-__all__ = ["Supervision", "MAX_RESTARTS", "pss_mb"]
+__all__ = ["Supervisor", "Timeouts", "MAX_RESTARTS"]
 
 MAX_RESTARTS = 5  # replacements of one worker slot within a minute before it is left dead
 
 
-def pss_mb(pid: int) -> float | None:
-    """A process's proportional set size in MiB (its share of pages shared with others)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return None
-    return None
+class Timeouts(NamedTuple):
+    start: float  # the whole pool's start (the zygote's load, every worker ready)
+    worker_start: float  # one worker's, from its fork
 
 
-class Supervision:
-    """Start, watch and replace a pool's workers (mixed into :class:`dtok.pool.Pool`)."""
+class Supervisor:
+    def __init__(self, state: PoolState, resources: Resources, timeouts: Timeouts,
+                 dispatch: Dispatch, routing: Routing, flow: SessionFlow, failover: Failover,
+                 answers: Answers) -> None:
+        self._state, self._res, self.timeouts = state, resources, timeouts
+        self._dispatch, self._routing, self._flow = dispatch, routing, flow
+        self._failover, self._answers = failover, answers
+        self.zygote: ZygoteClient | None = None
+        self.encoder_name: str | None = None
+        self._done_sem = None
+        self._threads: list[threading.Thread] = []
+        self._restarts: dict[int, list[float]] = {}
 
-    def _start(self, worker_knobs: dict) -> None:
-        deadline = time.monotonic() + self.start_timeout
-        self._res.lock_fd = shm.hold_owner_lock(self.prefix, create=True)
-        self._done_sem = shm.semaphore(P.done_sem_name(self.prefix), create=True)
+    def start(self, n_workers: int, budget: shm.Budget, tokenizer, config: dict,
+              owner: object) -> None:
+        """Start the zygote with ``config`` and ``n_workers`` workers forked from it; PoolError
+        when that does not happen within the start timeout. The threads hold ``owner`` (the
+        Pool): a pool never closed is not collected while they run."""
+        state, prefix = self._state, config["prefix"]
+        deadline = time.monotonic() + self.timeouts.start
+        self._res.lock_fd = shm.hold_owner_lock(prefix, create=True)
+        self._done_sem = shm.semaphore(P.done_sem_name(prefix), create=True)
         try:
-            self._channels = [Channel(self.prefix, i, self._budget) for i in range(self.n_workers)]
+            state.channels = [Channel(prefix, i, budget) for i in range(n_workers)]
         except shm.ShmFull as exc:
             raise PoolError(f"no shared memory for the pool's workers: {exc}") from None
-        files = self.tokenizer.files
-        knobs = {**worker_knobs, "threads": 1, "content_lookup": False,
-                 "chunk_threshold": self.chunk_threshold, "chunk_target": self.chunk_target,
-                 "max_chunks": self.max_chunks, "scan_budget": list(self.tokenizer.knobs["scan_budget"])}
-        config = {"prefix": self.prefix, "name": self.name, "path": str(files.path),
-                  "config": files.config, "sha256": self.tokenizer.admission.sha256,
-                  "knobs": knobs, "spin_us": self.spin_us, "worker_nice": self.worker_nice,
-                  **self._test_config}
         try:
-            self.zygote = ZygoteClient(self._res, config, tokenizer_bytes(self.tokenizer))
+            self.zygote = ZygoteClient(self._res, config, tokenizer_bytes(tokenizer))
             loaded = self.zygote.wait_loaded(deadline)
         except TimeoutError:
-            raise PoolError(f"pool did not start within start_timeout {self.start_timeout} s") \
+            raise PoolError(f"pool did not start within start_timeout {self.timeouts.start} s") \
                 from None
         except (RuntimeError, shm.ShmFull) as exc:
             raise PoolError(str(exc)) from None
         self.encoder_name = loaded["encoder"]
-        self.estimator.start(self.encoder_name)
-        for ch in self._channels:
+        state.estimator.start(self.encoder_name)
+        for ch in state.channels:
             self._launch(ch)
         for target, label in ((self._dispatch_loop, "dispatch"), (self._zygote_loop, "zygote")):
-            t = threading.Thread(target=target, name=f"dtok-pool-{label}", daemon=True)
+            t = threading.Thread(target=target, args=(owner,), name=f"dtok-pool-{label}",
+                                 daemon=True)
             t.start()
             self._threads.append(t)
-        with self._ready:
-            while not all(ch.alive for ch in self._channels):
+        with state.ready:
+            while not all(ch.alive for ch in state.channels):
                 left = deadline - time.monotonic()
-                if left <= 0 or self._closed:
+                if left <= 0 or state.closed:
                     raise PoolError(f"pool did not start within start_timeout "
-                                    f"{self.start_timeout} s")
-                self._ready.wait(min(left, 0.5))
+                                    f"{self.timeouts.start} s")
+                state.ready.wait(min(left, 0.5))
+
+    def stop(self) -> None:
+        """Stop the zygote (its workers die with it) and the two threads."""
+        if self.zygote is not None:
+            self.zygote.exit()
+            self.zygote.wait(10)
+        if self._done_sem is not None:
+            self._done_sem.release()  # wake the dispatcher
+        for t in self._threads:
+            t.join(5)
 
     def _launch(self, ch: Channel) -> None:
         """Ask the zygote for a (new) worker in this slot (caller holds the lock or starts)."""
         ch.restart()
         ch.starts += 1
-        ch.ready_by = time.monotonic() + self.worker_start_timeout
+        ch.ready_by = time.monotonic() + self.timeouts.worker_start
         self.zygote.fork(ch.index)
 
     def _check_starting(self) -> None:
         """Starting workers: ready ones go live; one not ready in time is killed (and replaced
         when the zygote reports its death)."""
         now = time.monotonic()
-        for ch in self._channels:
+        for ch in self._state.channels:
             if ch.alive or not ch.ready_by:
                 continue
             if ch.pid and ch.control.ready and ch.control.pid == ch.pid:
                 ch.alive, ch.ready_by = True, 0.0
-                self._ready.notify_all()
+                self._state.ready.notify_all()
             elif now > ch.ready_by:
                 log.warning("dtok pool: worker %d (pid %d) did not come up in %.0f s; killed",
-                            ch.index, ch.pid, self.worker_start_timeout)
+                            ch.index, ch.pid, self.timeouts.worker_start)
                 ch.ready_by = 0.0
                 if not ch.pid:  # never forked, as far as the zygote said: replace it now
                     self._on_death(ch.index)
                     continue
                 shm.sigkill(ch.pid)
-        self._assign()
+        self._dispatch.assign()
 
-    def _on_death(self, index: int, replace: bool = True) -> None:
+    def _on_death(self, index: int, replace: bool = True,
+                  reason: Failure = Failure.WORKER_DIED) -> None:
         """A worker died (or was killed): fail its task over, re-home its queue, replace it."""
-        ch = self._channels[index]
+        state = self._state
+        ch = state.channels[index]
         was_alive = ch.alive
         ch.alive, ch.ready_by = False, 0.0
         if was_alive:
-            self._counts["worker_deaths"] += 1
+            state.counts["worker_deaths"] += 1
             log.warning("dtok pool: worker %d (pid %d) died", index, ch.pid)
         if ch.task is not None:
             task, ch.task = ch.task, None
-            self._task_dropped(task)
-            self._fail(task.req, f"worker {index} died")
-        for pool_session in self.sessions.values():
-            if pool_session.known_by == index:
-                pool_session.known_by = None
-        if self._closed:
+            self._flow.task_dropped(task)
+            self._failover.fail(task.req, reason, f"worker {index}")
+        self._flow.forget_worker(index)
+        if state.closed:
             return
         now = time.monotonic()
         recent = [t for t in self._restarts.get(index, []) if now - t < 60] + [now]
         self._restarts[index] = recent
         if replace and len(recent) <= MAX_RESTARTS:
-            self._counts["replacements"] += 1
+            state.counts["replacements"] += 1
             self._launch(ch)
         else:
             log.warning("dtok pool: worker slot %d keeps failing; left empty", index)
-        if not any(c.alive or c.ready_by for c in self._channels):
+        if not state.slots():
             # no worker left or coming: every queued request is answered in process
-            for task in self.queues.drain():
-                self._task_dropped(task)
-                self._fail(task.req, "no live worker")
+            for task in state.queues.drain():
+                self._flow.task_dropped(task)
+                self._failover.fail(task.req, Failure.NO_LIVE_WORKER)
             return
-        for task in self.queues.drain(index):  # any worker can serve a session
-            self._push_task(task)
-        self._assign()
+        for task in state.queues.drain(index):  # any worker can serve a session
+            self._routing.push_task(task)
+        self._dispatch.assign()
 
-    def _check_timeouts(self) -> None:
+    def check_timeouts(self) -> None:
+        """Kill and replace each worker whose task ran past the request timeout (the caller
+        holds the lock)."""
         now = time.monotonic()
-        for ch in self._channels:
-            if ch.alive and ch.task is not None and now - ch.task.sent_at > self.request_timeout:
-                self._counts["timeouts"] += 1
+        state = self._state
+        for ch in state.channels:
+            if ch.alive and ch.task is not None and now - ch.task.sent_at > state.request_timeout:
+                state.counts["timeouts"] += 1
                 shm.sigkill(ch.pid)
-                self._on_death(ch.index)
+                self._on_death(ch.index, reason=Failure.TIMED_OUT)
 
-    def _dispatch_loop(self) -> None:
-        while not self._closed:
+    def _dispatch_loop(self, owner: object) -> None:
+        state = self._state
+        while not state.closed:
             try:
                 self._done_sem.acquire(1.0)  # idle: one wake-up a second, no spinning
             except posix_ipc.BusyError:
                 pass
             except posix_ipc.ExistentialError:
                 return
-            with self._lock:
-                if self._closed:
+            with state.lock:
+                if state.closed:
                     return
-                self._harvest()
-                self._check_timeouts()
+                self._dispatch.harvest()
+                self.check_timeouts()
                 self._check_starting()
-                self.sessions.reap()
-            self._finish_lists()
+                state.sessions.reap()
+            self._answers.finish_lists()
 
-    def _zygote_loop(self) -> None:
+    def _zygote_loop(self, owner: object) -> None:
+        state = self._state
         events = self.zygote.events
         while True:
             try:
@@ -179,19 +201,20 @@ class Supervision:
                 ev = None
             if ev is None:
                 break
-            with self._lock:
+            with state.lock:
                 if ev.get("event") == "started":
-                    self._channels[ev["index"]].pid = ev["pid"]
+                    state.channels[ev["index"]].pid = ev["pid"]
                 elif ev.get("event") == "dead":
-                    ch = self._channels[ev["index"]]
+                    ch = state.channels[ev["index"]]
                     if ch.pid == ev["pid"]:
-                        log.warning("dtok pool: worker %d exit status %s", ev["index"], ev.get("status"))
-                        self._harvest()  # it may have answered before dying
+                        log.warning("dtok pool: worker %d exit status %s", ev["index"],
+                                    ev.get("status"))
+                        self._dispatch.harvest()  # it may have answered before dying
                         self._on_death(ev["index"])
                 elif ev.get("event") == "error":
                     log.warning("dtok pool: zygote: %s", ev.get("error"))
-        with self._lock:  # the zygote is gone: so are the workers, and none can be replaced
-            if not self._closed:
-                for ch in self._channels:
+        with state.lock:  # the zygote is gone: so are the workers, and none can be replaced
+            if not state.closed:
+                for ch in state.channels:
                     self._on_death(ch.index, replace=False)
-            self._ready.notify_all()
+            state.ready.notify_all()

@@ -34,7 +34,7 @@ def _die_with_parent() -> None:
 
 class Worker:
     def __init__(self, tok, prefix: str, index: int) -> None:
-        self.pieces = tok.pieces
+        self.planning = tok.planning
         self.prefix = prefix
         self.index = index
         self.ctl_seg = Segment(P.control_name(prefix, index), 0, create=False)
@@ -177,7 +177,7 @@ class Worker:
         off = 8 * c.n_drops
         if op == P.OP_ENCODE:
             text = read_str(payload, off, c.kind, c.text_chars)
-            (parts,) = self.pieces.encode_texts([text])
+            (parts,) = self.planning.encode_texts([text])
             c.n_ids = write_ids(self._result(), 0, parts)
             return P.ST_OK
         if op == P.OP_SESSION:
@@ -195,7 +195,7 @@ class Worker:
         old = self._mapping(sid, c.old_seg_gen) if c.old_seg_gen else None
         dst = old if c.seg_gen == c.old_seg_gen else self._mapping(sid, c.seg_gen)
         old_map = None if old is None else old.map
-        outcome, keep, n_body = write_turn(plan, self.pieces, old_map, dst.map, c.n_body,
+        outcome, keep, n_body = write_turn(plan, self.planning, old_map, dst.map, c.n_body,
                                            c.dst_valid)
         self._cache(sid, {c.seg_gen: dst} if old is None else {c.seg_gen: dst, c.old_seg_gen: old})
         c.n_ids = n_body
@@ -206,7 +206,7 @@ class Worker:
         return P.ST_OK
 
 
-def write_turn(plan, pieces, old_map, dst_map, n_body: int, dst_valid: int):
+def write_turn(plan, planning, old_map, dst_map, n_body: int, dst_valid: int):
     """Execute a session's plan and write its IDs into ``dst_map``: the current segment
     ``old_map`` itself (in place) only when nothing but new IDs follow the kept ones; else one
     whose first ``dst_valid`` IDs already equal the current ones, so only the rest of the kept
@@ -214,26 +214,26 @@ def write_turn(plan, pieces, old_map, dst_map, n_body: int, dst_valid: int):
     outcome, its tail released; the leading IDs kept, prefix included; the new body's length).
     A worker does this for every session task; the front end, for a turn it answers on its
     event loop (:meth:`dtok.Pool.encode_async`)."""
-    p = len(pieces.prefix)
+    p = len(planning.prefix)
     old_body = memoryview(old_map)[4 * p : 4 * (p + n_body)].cast("i") \
         if old_map is not None else None
     outcome = None
     try:
-        outcome = execute(plan, pieces.encode_texts, old_body)
+        outcome = execute(plan, planning.encode_texts, old_body)
         keep = p + outcome.keep
         if dst_map is not old_map:
             if old_map is not None:
                 valid = min(dst_valid, keep)
                 copy_ids(old_map, valid, dst_map, valid, keep - valid)
             else:
-                write_ids(dst_map, 0, [pieces.prefix])
-        n = write_ids(dst_map, keep, [*outcome.tail, pieces.suffix])
+                write_ids(dst_map, 0, [planning.prefix])
+        n = write_ids(dst_map, keep, [*outcome.tail, planning.suffix])
     finally:
         if outcome is not None:
             outcome.tail.clear()
         if old_body is not None:
             old_body.release()
-    return outcome, keep, keep - p + n - len(pieces.suffix)
+    return outcome, keep, keep - p + n - len(planning.suffix)
 
 
 def main(tok, prefix: str, index: int, title: str, spin_us: int, nice: int) -> None:
