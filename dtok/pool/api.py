@@ -50,6 +50,7 @@ from dtok.pool.supervision import Supervision, pss_mb
 from dtok.pool.worker import write_turn
 from dtok.pool.zygote_client import Resources, ZygoteClient
 from dtok.repair import Anchors
+from dtok.session_core import ROUTE_COUNTERS
 from dtok.sessions import (LOOKUP_MIN_CHARS, LOOP_CHARS, ContentIndex, alignment_budget,
                            is_continuation, plan_fits, scoped_key)
 from dtok.tokenizer import Tokenizer
@@ -178,7 +179,7 @@ class Pool(Supervision):
         self._submitting: deque = deque()  # a token per call waiting in the submit thread
         self._counts = dict(requests=0, stateless=0, chunked=0, chunks=0, lookups=0,
                             lookup_hits=0, session_hits=0,
-                            session_repairs=0, session_edits=0, session_inits=0,
+                            session_repairs=0, session_edits=0, session_full_encodes=0,
                             plan_failures=0, failovers=0, timeouts=0, worker_deaths=0,
                             replacements=0, errors=0, in_process=0, shm_full=0, loop_turns=0)
         self._res = Resources(self.prefix)
@@ -402,7 +403,8 @@ class Pool(Supervision):
                    "session_segments_made": self.sessions.segments_made,
                    "lists_made": sum(m.lists.made for m in self.sessions.values()),
                    "shm_bytes": self._budget.used, "shm_limit": self._budget.limit,
-                   **self._counts, "per_char_ms": dict(self.estimator.b)}
+                   **self._counts, "per_char_ms": dict(self.estimator.b),
+                   "session_inits": self._counts["session_full_encodes"]}  # old name, one release
         for w in out["workers"]:
             w["pss_mb"] = pss_mb(w["pid"]) if w["alive"] else None
         zpid = self.zygote_pid
@@ -735,9 +737,7 @@ class Pool(Supervision):
         if pool_session.content:
             self.index.remove(pool_session)
             self.index.add(pool_session, req.keys)
-        kind = {"encode": "session_inits", "append": "session_repairs",
-                "edit": "session_edits"}[plan.kind]
-        self._counts[kind] += 1
+        self._counts["session_" + ROUTE_COUNTERS[plan.kind]] += 1
         self._resolve_session(req, pool_session, keep if plan.kind != "encode" else 0)
         pool_session.inflight = None
         self._start_session_request(pool_session)
