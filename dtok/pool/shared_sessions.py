@@ -187,9 +187,7 @@ class SessionTable:
             seg = self._pending.pop((session.sid, gen))
             written = SessionSegment(seg, MappedIds(seg.map, capacity), gen)
             # the current segment becomes the spare; the spare before it is retired
-            let_go = held.replace(written, keep) if current is not None \
-                else held.restart(written)[1]
-            self._retire(let_go)
+            self._retire(held.replace(written, keep))
             current = written
         else:
             held.written_in_place(keep)
