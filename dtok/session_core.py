@@ -6,8 +6,8 @@ IDs in an :class:`~dtok_ext.buffers.IdBuffer`) and the pool's sessions
   written into the buffer that holds them now only while no view of it is alive; otherwise into
   its *spare*, the buffer that was current before, when no view of that is alive (only the IDs
   that changed since it was current are copied); else into a fresh buffer. A buffer is any
-  object with ``exports`` (views alive) and ``capacity`` (ints), so the same rule serves memory
-  the store allocates and segments the pool maps.
+  object with ``exports`` (views alive), ``capacity`` (ints) and a length, so the same rule
+  serves memory the store allocates and segments the pool maps.
 * **The growth rule** (:func:`capacity_for`): one for both, so ``session_bytes`` bounds the same
   thing in process and in the pool (docs/sessions.md, "Bounded memory").
 * **Lookup**: keys inside a scope (:func:`scoped_key`) and content lookup by fingerprints
@@ -70,7 +70,8 @@ class SessionBuffers:
     """A session's IDs: the buffer that holds them (``current``) and its copy-on-write
     ``spare``, whose first ``spare_valid`` IDs still equal the current ones.
 
-    Buffers are any objects with ``exports`` (views alive) and ``capacity`` (ints): the store's
+    Buffers are any objects with ``exports`` (views alive), ``capacity`` (ints) and a length
+    (the IDs they hold): the store's
     :class:`~dtok_ext.buffers.IdBuffer`, the pool's segments.
 
     >>> class Buf:
@@ -139,7 +140,7 @@ class SessionBuffers:
 
 class SessionState:
     """A session's text, IDs, anchors and lists, what it is indexed under for content lookup,
-    and the bytes it is accounted for (its buffers' capacity: what it holds)."""
+    and the bytes it is accounted for."""
 
     __slots__ = ("text", "buffers", "anchors", "lists", "nbytes", "used", "end_key", "ckpt_keys")
 
@@ -160,11 +161,13 @@ class SessionState:
         return change
 
     def held_bytes(self) -> int:
-        """Text, IDs and spare (their capacity), anchors and lists."""
+        """Text, IDs (the current buffer's and the spare's), anchors and lists: what
+        ``session_bytes`` bounds. IDs, not capacity: the pool sizes a segment for the most IDs
+        a turn could have (``shm_bytes`` bounds that memory)."""
         held = self.buffers
         return ((sys.getsizeof(self.text) if self.text is not None else 0)
-                + (4 * held.current.capacity if held.current is not None else 0)
-                + (4 * held.spare.capacity if held.spare is not None else 0)
+                + (4 * len(held.current) if held.current is not None else 0)
+                + (4 * len(held.spare) if held.spare is not None else 0)
                 + (self.anchors.nbytes if self.anchors is not None else 0)
                 + self.lists.nbytes)
 

@@ -51,6 +51,9 @@ class SessionSegment:
     def capacity(self) -> int:
         return self.ids.capacity
 
+    def __len__(self) -> int:
+        return self.ids.length
+
 
 class PoolSession(SessionState):
     __slots__ = ("key", "sid", "n_body", "last_gen", "queue", "inflight", "known_by", "content")
