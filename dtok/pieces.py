@@ -2,8 +2,8 @@
 
 Each piece goes to a fast encoder, except the stretches around guard characters or text NFC
 would change, and stretches with no safe cut for more than LONGEST_FAST_STRETCH characters,
-which go to the reference; stretches start and end at safe cuts, so their IDs
-concatenate to the piece's (:mod:`dtok.repair` and DESIGN.md say why). The calls run on a thread
+which go to the reference; stretches start and end at safe cuts, so their IDs concatenate
+to the piece's (:mod:`dtok.repair` and docs/exactness.md say why). The calls run on a thread
 pool and in the calling thread at once (every encoder releases the GIL). The tokenizer's
 stateless route, the session store and the pool's workers all encode through this object.
 """

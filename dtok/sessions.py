@@ -9,45 +9,34 @@ text that reappears are reused, the changed regions re-encoded); nothing reusabl
 encode. The IDs live in an :class:`~dtok_ext.buffers.IdBuffer` with the post-processor's prefix
 (e.g. BOS) in front and its suffix behind, so ``add_special_tokens=True/False`` are two views of
 one buffer. A continuation rewrites the buffer in place only while no view of it is alive and
-only its tail changes; otherwise it writes a new buffer, so views returned earlier never change.
+only its tail changes; otherwise it writes another (the spare or a new one), so views returned
+earlier never change.
 Every view is taken before anyone else can reach the entry that owns it.
 
-Requests without a key use *content lookup*: keyed fingerprints of the 64 characters before
-each checkpoint (character offsets 4,096, 8,192, ... 65,536, then every 65,536, and each stored
-text's end) choose the stored text that shares the longest prefix with the request: the one
-whose end fingerprint matches (a whole prefix, the longest), else the most recently used of
-those matching the deepest checkpoint. Computing them reads ~64 characters per checkpoint, not
-the text, so a request that matches nothing stored costs microseconds. The choice is only a
-guess: the continuation then compares the texts themselves (the common prefix, the reused
-stretches) before anything is reused, so a fingerprint collision can waste work, never change
-IDs.
-
-*Scopes* keep tenants apart (``scope=``: e.g. a serving engine's ``cache_salt`` and model): a
-keyed session is stored under ``(scope, key)`` (:func:`scoped_key`), so the same key in two
-scopes names two sessions, and content lookup fingerprints a text with a key derived from its
-scope, so a text is only ever continued from one stored under the same scope. Without the
-latter, the time a request takes would tell its sender how much of another tenant's stored
-text it shares.
+Requests without a key use *content lookup*, and keys live inside *scopes*; both, the copy-on-write
+spare, the growth rule and the counters' names are the session core's, shared with the pool
+(:mod:`dtok.session_core`).
 """
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Hashable
 
-from dtok.digests import blake2b
+from dtok import testing
 from dtok.pieces import affixed_view
 from dtok.repair import Anchors, Plan, Planner, execute
-from dtok_ext.align import fingerprints
-from dtok_ext.buffers import IdBuffer, IdList
+# scoped_key: the pool imports it from here too
+from dtok.session_core import (IN_PLACE, LOOKUP_MIN_CHARS, ROUTE_COUNTERS, SPARE,  # noqa: F401
+                               ContentIndex, SessionState, is_continuation, room_for,
+                               scoped_key)
+from dtok_ext.buffers import IdBuffer
 
 if TYPE_CHECKING:
     from dtok.pieces import PieceEncoder
 
-LOOKUP_MIN_CHARS = 4096  # shorter texts cost less to encode than to look up
 # A request with a budget (``max_chars``) plans with at most this many characters of alignment
 # work per character of its budget: comparing texts costs far less a character than encoding
 # them, and a plan that stops early is as exact (it only reuses less)
@@ -57,7 +46,6 @@ ALIGNMENT_PER_BUDGET_CHAR = 16
 # thousand) costs ~0.1-0.3 ms on the fast encoder: less than an executor's hop there and back,
 # which waits for the GIL (up to its 5 ms switch interval) and behind any long encode there.
 LOOP_CHARS = 32768
-LOOKUP_DENSE_UNTIL = 1 << 16  # checkpoints double up to here, then repeat at this spacing
 
 
 def alignment_budget(chars: int) -> int:
@@ -71,195 +59,18 @@ def plan_fits(pieces: PieceEncoder, plan: Plan, chars: int) -> bool:
     return pieces.work(plan.encode_chars) <= chars
 
 
-def is_continuation(reused: int, stored: int) -> bool:
-    """Content lookup's rule: a text that reuses at least half of a stored text's characters
-    continues it (and replaces it); one that shares less is a fork (another conversation with
-    the same start) and is kept beside it."""
-    return 2 * reused >= stored
+class Entry(SessionState):
+    """One stored transcript: the session core's state (IDs: prefix + body + suffix in an
+    :class:`~dtok_ext.buffers.IdBuffer`), its key and lock."""
 
-
-class KeptLists:
-    """The lists ``encode_list`` handed out for one session, one per ``add_special_tokens``
-    value, each brought up to date in O(changed IDs) (:class:`~dtok_ext.buffers.IdList`).
-
-    Every result of the session, a view too, is noted with how many leading IDs (post-processor
-    prefix included) it left unchanged: a list last brought up to date several requests ago is
-    stale from the lowest of their change points, not only from the last one's. Sessions and
-    the pool's sessions keep their lists this way."""
-
-    __slots__ = ("_lists", "_keep")
-
-    def __init__(self) -> None:
-        self._lists: dict[bool, IdList] = {}
-        self._keep: dict[bool, int] = {}  # leading IDs unchanged since each list's last update
-
-    def note(self, keep: int) -> None:
-        """A request left ``keep`` leading IDs of the session as they were."""
-        for add_special in self._lists:
-            self._keep[add_special] = min(self._keep.get(add_special, keep), keep)
-
-    def get(self, add_special: bool, view: memoryview, n_prefix: int) -> list:
-        """The list for ``add_special``, brought to ``view`` (after :meth:`note`). Releases the
-        view."""
-        lst = self._lists.get(add_special)
-        if lst is None:
-            lst = self._lists[add_special] = IdList()
-        keep = self._keep.pop(add_special, 0)
-        try:
-            return lst.update(view, keep if add_special else max(0, keep - n_prefix))
-        finally:
-            view.release()
-
-    def clear(self) -> None:
-        self._lists.clear()
-        self._keep.clear()
-
-    @property
-    def nbytes(self) -> int:
-        return sum(lst.nbytes for lst in self._lists.values())
-
-    @property
-    def made(self) -> int:
-        """Lists made whole (neither updated in place nor from a spare)."""
-        return sum(lst.made for lst in self._lists.values())
-
-
-def _headroom(n: int) -> int:
-    """Spare capacity after a splice: appends rarely reallocate, and at most ~6% is unused."""
-    return max(1024, n >> 4)
-
-
-def checkpoints(n: int) -> list[int]:
-    """Content-lookup checkpoints strictly below n characters: 4096, 8192, ... 65536, then every
-    65536 (dense enough that a text edited 30K characters before its end is still told apart
-    from others sharing a shorter prefix)."""
-    out, o = [], LOOKUP_MIN_CHARS
-    while o < n:
-        out.append(o)
-        o = o << 1 if o < LOOKUP_DENSE_UNTIL else o + LOOKUP_DENSE_UNTIL
-    return out
-
-
-class ScopedKey:
-    """A session key inside a scope: equal only to the same key in the same scope (never to a
-    plain key or tuple a caller might pass)."""
-
-    __slots__ = ("scope", "key")
-
-    def __init__(self, scope: Hashable, key: Hashable) -> None:
-        self.scope = scope
-        self.key = key
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is ScopedKey and other.scope == self.scope and other.key == self.key
-
-    def __hash__(self) -> int:
-        return hash((ScopedKey, self.scope, self.key))
-
-    def __repr__(self) -> str:
-        return f"ScopedKey(scope={self.scope!r}, key={self.key!r})"
-
-
-def scoped_key(key: Hashable, scope: Hashable | None) -> Hashable:
-    """The key a session is stored under: ``key`` itself without a scope."""
-    return key if scope is None else ScopedKey(scope, key)
-
-
-class ContentIndex:
-    """Stored texts by keyed fingerprints of their prefixes (see the module docstring): which
-    stored text most likely shares the longest prefix with a new one. Items are any objects with
-    ``end_key``, ``ckpt_keys`` (set by :meth:`add`) and ``used`` (a recency clock) attributes;
-    the caller serializes access. In-process sessions and the pool's sessions both use it."""
-
-    def __init__(self) -> None:
-        self._by_end: dict[tuple[int, int], Any] = {}
-        self._by_ckpt: dict[tuple[int, int], set] = {}
-        self._secret = os.urandom(16)
-        self._key = int.from_bytes(self._secret[:8], "little")  # clients cannot aim for collisions
-
-    def _scope_key(self, scope: Hashable | None) -> int:
-        """The fingerprint key of a scope: texts of different scopes never share a key, so
-        never match (repr: the scope's values, unambiguous for str, int, None and tuples)."""
-        if scope is None:
-            return self._key
-        h = blake2b(repr(scope).encode("utf-8", "surrogatepass"), digest_size=8,
-                            key=self._secret)
-        return int.from_bytes(h.digest(), "little")
-
-    def find(self, text: str, scope: Hashable | None = None) -> tuple[Any, tuple]:
-        """(the best stored item or None, the keys of `text` for :meth:`add`): the item whose
-        end fingerprint matches (a whole prefix, the longest), else the most recently used of
-        those matching the deepest checkpoint; only items added with this ``scope``'s keys."""
-        n = len(text)
-        stops = checkpoints(n)
-        fkey = self._scope_key(scope)
-        fps = fingerprints(text, [*stops, n], fkey)
-        ckpt_keys = tuple(zip(stops, fps))
-        best = self._by_end.get((n, fps[-1]))  # the same text, or one equal at its end
-        deepest: list = []
-        for key in ckpt_keys:
-            found = self._by_ckpt.get(key)
-            if not found:
-                break
-            deepest = list(found)
-        if best is None and deepest:
-            ends = sorted({e.end_key[0] for e in deepest if e.end_key[0] < n}, reverse=True)
-            for end, fp in zip(ends, fingerprints(text, ends, fkey)):
-                best = next((e for e in deepest if e.end_key == (end, fp)), None)
-                if best is not None:
-                    break
-            if best is None:
-                best = max(deepest, key=lambda e: e.used)
-        return best, ((n, fps[-1]), ckpt_keys)
-
-    def at_end(self, keys: tuple):
-        """The item indexed under the same end key (the same text, most likely), or None."""
-        return self._by_end.get(keys[0])
-
-    def add(self, item, keys: tuple) -> None:
-        """Index `item` under the keys :meth:`find` gave for its text (the caller removes an item
-        :meth:`at_end` found first)."""
-        end_key, ckpt_keys = keys
-        item.end_key, item.ckpt_keys = end_key, ckpt_keys
-        self._by_end[end_key] = item
-        for k in ckpt_keys:
-            self._by_ckpt.setdefault(k, set()).add(item)
-
-    def remove(self, item) -> None:
-        if item.end_key is not None and self._by_end.get(item.end_key) is item:
-            del self._by_end[item.end_key]
-        for k in item.ckpt_keys:
-            s = self._by_ckpt.get(k)
-            if s is not None:
-                s.discard(item)
-                if not s:
-                    del self._by_ckpt[k]
-        item.end_key, item.ckpt_keys = None, ()
-
-
-class Entry:
-    """One stored transcript: its text, IDs (prefix + body + suffix), anchors and lock."""
-
-    __slots__ = ("key", "text", "buf", "anchors", "lock", "nbytes", "evicted", "used",
-                 "unchanged", "lists", "spare", "spare_valid", "end_key", "ckpt_keys")
+    __slots__ = ("key", "lock", "evicted", "unchanged")
 
     def __init__(self, key: Hashable | None) -> None:
+        super().__init__()
         self.key = key
-        self.text: str | None = None
-        self.buf: IdBuffer | None = None
-        self.anchors: Anchors | None = None
         self.lock = threading.Lock()
-        self.nbytes = 0  # accounted bytes: text object + ID buffer capacity + anchors
         self.evicted = False
-        self.used = 0  # store clock at last use (content lookup prefers the most recent)
         self.unchanged = 0  # leading IDs (prefix included) the last request left as they were
-        self.lists = KeptLists()  # what encode_list handed out
-        # The buffer that was current before the last copy on write (a caller held a view of
-        # it), kept for the next one: its first ``spare_valid`` IDs still equal ``buf``'s.
-        self.spare: IdBuffer | None = None
-        self.spare_valid = 0
-        self.end_key: tuple[int, int] | None = None  # content entries: (length, fingerprint)
-        self.ckpt_keys: tuple[tuple[int, int], ...] = ()
 
 
 class SessionStore:
@@ -286,9 +97,8 @@ class SessionStore:
         self._index = ContentIndex()
         self._clock = itertools.count(1)
         self._bytes = 0
-        self._counts = dict(hits=0, repairs=0, edits=0, full_encodes=0, fallbacks=0,
-                            evictions=0, lookups=0, lookup_hits=0)
-        self._after_publish = None  # private test hook: called with each newly visible entry
+        self._counts = dict.fromkeys([*ROUTE_COUNTERS.values(), "fallbacks", "evictions",
+                                      "lookups", "lookup_hits"], 0)
 
     # --- public surface -------------------------------------------------------------------
 
@@ -327,7 +137,8 @@ class SessionStore:
             return {"entries": len(self._lru), "keyed": len(self._keyed),
                     "content": len(self._content),
                     "text_bytes": sum(sys.getsizeof(e.text) for e in live),
-                    "id_bytes": sum(e.buf.nbytes for e in live if e.buf is not None),
+                    "id_bytes": sum(e.buffers.current.nbytes for e in live
+                                    if e.buffers.current is not None),
                     "anchor_bytes": sum(e.anchors.nbytes for e in live if e.anchors is not None),
                     "lists_made": sum(e.lists.made for e in live),
                     "bytes": self._bytes, **self._counts}
@@ -387,9 +198,10 @@ class SessionStore:
                             self._counts["hits"] += 1
                             if not found.evicted:
                                 self._touch(found)
-                        found.unchanged = len(found.buf)
+                        found.unchanged = len(found.buffers.current)
                         return self._result(found, add_special_tokens, as_list)
-                    entry.text, entry.buf, entry.anchors = found.text, found.buf, found.anchors
+                    entry.text, entry.anchors = found.text, found.anchors
+                    entry.buffers.current = found.buffers.current
                     reused = self._serve(entry, text, borrowed=True, max_chars=max_chars)
                     if reused is None:
                         return None
@@ -457,10 +269,9 @@ class SessionStore:
                                      edit_budget=alignment_budget(max_chars))
             if not plan_fits(self._pieces, plan, max_chars):
                 return None
-        kind = {"hit": "hits", "append": "repairs", "edit": "edits",
-                "encode": "full_encodes"}[plan.kind]
+        kind = ROUTE_COUNTERS[plan.kind]
         reused = len(text) if plan.kind == "hit" else plan.describe()["reused_chars"]
-        entry.unchanged = len(entry.buf) if plan.kind == "hit" else 0
+        entry.unchanged = len(entry.buffers.current) if plan.kind == "hit" else 0
         if plan.kind != "hit":
             in_place = not borrowed or is_continuation(reused, len(entry.text))
             try:
@@ -471,9 +282,10 @@ class SessionStore:
                 if plan.kind != "encode":
                     kind = "fallbacks"
                 reused = 0
-                entry.buf = self._pieces.encode_whole(text, _headroom(len(text) // 3))
-                entry.spare = None
-                n_body = len(entry.buf) - len(self._pieces.prefix) - len(self._pieces.suffix)
+                # about 3 characters an ID: the room for the IDs not counted yet
+                buf = self._pieces.encode_whole(text, room_for(len(text) // 3))
+                entry.buffers.restart(buf)
+                n_body = len(buf) - len(self._pieces.prefix) - len(self._pieces.suffix)
                 entry.anchors = Anchors((0, len(text)), (0, n_body)) if text else Anchors()
                 entry.text = text
         self._count(kind)
@@ -482,51 +294,52 @@ class SessionStore:
     def _apply(self, entry: Entry, plan: Plan, text: str, in_place: bool = True) -> None:
         b = self._pieces
         p, s = len(b.prefix), len(b.suffix)
-        old_body = entry.buf.view(p, len(entry.buf) - s) if entry.buf is not None else None
+        old = entry.buffers.current
+        old_body = old.view(p, len(old) - s) if old is not None else None
         outcome = execute(plan, b.encode_texts, old_body)
         anchors = self.planner.anchors_after(plan, outcome.resolved, outcome.counts,
                                              entry.anchors)
         total = p + outcome.n_body + s
-        if entry.buf is None or plan.kind == "encode":
-            buf = IdBuffer.concat(outcome.tail, b.prefix, b.suffix, _headroom(total // 3))
-            entry.spare = None
+        if old is None or plan.kind == "encode":
+            entry.buffers.restart(IdBuffer.concat(outcome.tail, b.prefix, b.suffix,
+                                                  room_for(total)))
         else:
-            buf = self._splice(entry, old_body, p + outcome.keep, outcome.tail, in_place,
-                               _headroom(total))
+            self._splice(entry, old_body, p + outcome.keep, outcome.tail, in_place,
+                         room_for(total))
         outcome.tail.clear()
-        entry.buf, entry.text, entry.anchors = buf, text, anchors
+        entry.text, entry.anchors = text, anchors
         entry.unchanged = 0 if plan.kind == "encode" else p + outcome.keep
 
     def _splice(self, entry: Entry, old_body: memoryview, keep: int, tail: list,
-                in_place: bool, headroom: int) -> IdBuffer:
-        """``entry.buf[:keep] + tail + suffix`` where it costs least and no caller's view
-        changes: in the buffer itself when no view of it is alive (the reused stretches in
-        ``tail``, slices of it, copied out first); else in the spare when no view of that is
-        alive (only what changed since it was current is copied); else in a new buffer, and
-        the old one becomes the spare. ``in_place`` False (a borrowed buffer that stays its
-        owner's): always a new buffer, nothing kept."""
-        buf, suffix = entry.buf, self._pieces.suffix
+                in_place: bool, headroom: int) -> None:
+        """Make the entry's IDs ``current[:keep] + tail + suffix`` where it costs least and no
+        caller's view changes (:meth:`dtok.session_core.SessionBuffers.where`): in the buffer
+        itself (the reused stretches in ``tail``, slices of it, copied out first), in the
+        spare, or in a new buffer; the one before becomes the spare. ``in_place`` False (a borrowed buffer that stays its owner's): always a new buffer,
+        nothing kept."""
+        held, suffix = entry.buffers, self._pieces.suffix
+        buf = held.current
         if not in_place:
-            return buf.splice(keep, tail, suffix, headroom)  # old_body is alive: a copy
-        if buf.exports == 1:  # only old_body: nobody else holds a view
+            held.restart(buf.splice(keep, tail, suffix, headroom))  # old_body is alive: a copy
+            return
+        # the IDs grow where they are written (needed 0); old_body is this writer's own view
+        where = held.where(0, may_write_in_place=True, own_views=1)
+        if where == IN_PLACE:
             tail[:] = [IdBuffer.concat((t,)) if isinstance(t, memoryview) and t.obj is buf else t
                        for t in tail]
             old_body.release()
-            if entry.spare is not None:
-                entry.spare_valid = min(entry.spare_valid, keep)
-            return buf.splice(keep, tail, suffix, headroom)
-        spare = entry.spare
-        if spare is not None and spare.exports == 0:
-            out = buf.splice_into(spare, entry.spare_valid, keep, tail, suffix, headroom)
+            buf.splice(keep, tail, suffix, headroom)
+            held.written_in_place(keep)
+        elif where == SPARE:
+            held.replace(buf.splice_into(held.spare, held.spare_valid, keep, tail, suffix,
+                                        headroom), keep)
         else:
-            out = buf.splice(keep, tail, suffix, headroom)  # a caller holds buf: a copy
-        entry.spare, entry.spare_valid = buf, keep
-        return out
+            held.replace(buf.splice(keep, tail, suffix, headroom), keep)  # a caller holds buf
 
     def _result(self, entry: Entry, add_special: bool, as_list: bool) -> memoryview | list:
         """The entry's IDs for the caller: a view, or its kept list (caller holds its lock)."""
         b = self._pieces
-        view = affixed_view(entry.buf, add_special, len(b.prefix), len(b.suffix))
+        view = affixed_view(entry.buffers.current, add_special, len(b.prefix), len(b.suffix))
         entry.lists.note(entry.unchanged)
         if not as_list:
             return view
@@ -554,8 +367,7 @@ class SessionStore:
             self._content[entry] = None
             self._lru[entry] = None
             self._account(entry)
-        if self._after_publish is not None:
-            self._after_publish(entry)
+        testing.run_hook(testing.AFTER_PUBLISH, entry)
 
     # --- accounting and eviction (caller holds the store lock) ----------------------------
 
@@ -569,12 +381,7 @@ class SessionStore:
         if entry.text is None:  # a keyed placeholder whose first request failed
             self._remove(entry)
             return
-        size = (sys.getsizeof(entry.text) + (entry.buf.nbytes if entry.buf is not None else 0)
-                + (entry.spare.nbytes if entry.spare is not None else 0)
-                + (entry.anchors.nbytes if entry.anchors is not None else 0)
-                + entry.lists.nbytes)
-        self._bytes += size - entry.nbytes
-        entry.nbytes = size
+        self._bytes += entry.recount()
         self._touch(entry)
         self._evict()
 

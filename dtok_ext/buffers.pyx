@@ -195,17 +195,6 @@ cdef Py_ssize_t _fill(int* o, parts, tuple prefix, tuple suffix) except -1:
     return pos
 
 
-def concat_ids(parts, prefix=(), suffix=()):
-    """prefix + parts[0] + parts[1] + ... + suffix as one IdBuffer.
-
-    Each part is a list of ints or an int32 buffer.
-
-    >>> list(memoryview(concat_ids([[1, 2], (3,)], prefix=(0,), suffix=(9,))))
-    [0, 1, 2, 3, 9]
-    """
-    return IdBuffer.concat(parts, prefix, suffix)
-
-
 def ids_from_list(list ids):
     """IdBuffer from a list of ints (the reference's Encoding.ids)."""
     return IdBuffer.concat((ids,))

@@ -71,11 +71,6 @@ cdef class TaskHeap:
             return None
         return self.items[0].key
 
-    def peek(self):
-        if self.size == 0:
-            return None
-        return <object>self.items[0].obj
-
     def pop(self):
         """Remove and return the smallest task."""
         cdef HeapItem last

@@ -14,8 +14,8 @@ import pytest
 from conftest import ROOT
 
 MODULES = ["dtok", "dtok.tokenizer", "dtok.reference", "dtok.knobs", "dtok.chunking",
-           "dtok.repair", "dtok.planning", "dtok.allocator", "dtok_ext.buffers", "dtok_ext.specials",
-           "dtok_ext.utf8"]
+           "dtok.repair", "dtok.planning", "dtok.allocator", "dtok.session_core", "dtok.testing",
+           "dtok_ext.buffers", "dtok_ext.specials", "dtok_ext.utf8"]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # The languages a fenced block may have, and how each is checked: python blocks run as doctests,
 # sh blocks have their scripts and options checked, text blocks are listings.

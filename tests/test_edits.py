@@ -9,6 +9,7 @@ import zlib
 import pytest
 
 import dtok
+from dtok import testing
 from battery import FRAGMENTS, token_fragments
 from conftest import MAIN_FILES, load_tokenizer, read_text, ref_ids, ref_ids_many
 from dtok.admission import bundled_files
@@ -205,8 +206,8 @@ def test_a_fork_found_by_content_lookup_leaves_the_stored_text_as_it_was(as_list
 
 def test_content_lookup_never_changes_a_returned_view():
     """The race the store had: an entry published before its caller took its view could be
-    spliced in place by a concurrent request extending the same text. The private hook runs
-    that request right after the entry becomes visible."""
+    spliced in place by a concurrent request extending the same text. The hook
+    (dtok.testing.AFTER_PUBLISH) runs that request right after the entry becomes visible."""
     tok = fresh("qwen3")
     base = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:20_000]
     calls = []
@@ -219,8 +220,8 @@ def test_content_lookup_never_changes_a_returned_view():
         t.start()
         t.join()
 
-    tok.sessions._after_publish = extend_now
-    view = tok.encode(base)
+    with testing.hooked(testing.AFTER_PUBLISH, extend_now):
+        view = tok.encode(base)
     assert calls, "the hook did not run: the interleaving was not forced"
     assert list(view) == ref_ids(tok, base)
 

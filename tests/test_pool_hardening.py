@@ -267,7 +267,7 @@ def test_unkeyed_short_turns_are_answered_on_the_loop():
         assert ids == want, len(t)
     # (a turn that found the lock held went to a worker: exact too)
     assert counts["lookup_hits"] == 8 and counts["loop_turns"] >= 6, counts
-    assert s["loop_turns"] == counts["loop_turns"] and s["session_inits"] == 2, s
+    assert s["loop_turns"] == counts["loop_turns"] and s["session_full_encodes"] == 2, s
 
 
 def test_encode_async_raises_what_the_call_raises_and_survives_cancellation():
@@ -419,7 +419,7 @@ def test_edits_through_the_pool_keep_views():
             if i % 3 == 0:
                 held.append((view, want))
         s = pool.stats()
-        assert s["session_inits"] == 1 and s["session_edits"] >= 4, s
+        assert s["session_full_encodes"] == 1 and s["session_edits"] >= 4, s
         assert s["failovers"] == 0 and s["plan_failures"] == 0
     for view, want in held:
         assert list(view) == want
@@ -587,4 +587,4 @@ def test_unkeyed_requests_continue_by_content_lookup_in_the_pool():
             assert list(pool.encode(t)) == want
         s = pool.stats()
         assert s["lookups"] == 9 and s["lookup_hits"] == 7, s
-        assert s["session_inits"] == 2 and s["session_edits"] == 1 and s["sessions"] == 2, s
+        assert s["session_full_encodes"] == 2 and s["session_edits"] == 1 and s["sessions"] == 2, s

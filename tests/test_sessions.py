@@ -101,14 +101,14 @@ def test_views_never_change_under_the_caller():
     v1 = tok.encode(text, session="v")
     snapshot = list(v1)
     entry = tok.sessions._keyed["v"]
-    buf1 = entry.buf
+    buf1 = entry.buffers.current
     v2 = tok.encode(text + " more words", session="v")  # v1 alive: copy on write
-    assert list(v1) == snapshot and entry.buf is not buf1
+    assert list(v1) == snapshot and entry.buffers.current is not buf1
     assert v1.readonly and v2.readonly
-    buf2 = entry.buf
+    buf2 = entry.buffers.current
     del v2
     tok.encode(text + " more words and more", session="v")  # nothing alive: in place
-    assert entry.buf is buf2
+    assert entry.buffers.current is buf2
     w = tok.encode(text, session="v")  # not a prefix of the stored text: full encode
     assert list(w) == snapshot
 
@@ -177,9 +177,9 @@ def test_lookup_confirms_bytes_before_reuse(monkeypatch):
     """A fingerprint collision may waste work but never changes IDs: with every fingerprint
     equal, every stored text is a candidate for every request."""
     tok = fresh("gpt-oss")
-    import dtok.sessions as sessions
+    import dtok.session_core as session_core
 
-    monkeypatch.setattr(sessions, "fingerprints", lambda text, offsets, key: [0] * len(offsets))
+    monkeypatch.setattr(session_core, "fingerprints", lambda text, offsets, key: [0] * len(offsets))
     a = read_text("code", "go__fzf__src_pattern.go.txt")
     b = read_text("code", "shell__fzf__shell_key-bindings.zsh.txt")
     for text in (a, b, b + a[:100], a + b[:100], a[:3000] + b):
@@ -314,7 +314,7 @@ def test_scope_checks_find_tenants_that_share(check, monkeypatch):
     """Control: with the scope ignored (sessions stored under the key alone, content
     fingerprinted without the scope's key) each check above fails on its counters."""
     import dtok.tokenizer
-    from dtok.sessions import ContentIndex
+    from dtok.session_core import ContentIndex
 
     unscoped = ContentIndex._scope_key
     monkeypatch.setattr(dtok.tokenizer, "scoped_key", lambda key, scope: key)
@@ -379,7 +379,7 @@ def test_try_encode_list_answers_only_within_its_budget():
     def state() -> dict:  # "bytes" left out: it is recounted at each request, and the
         # reference's encode in ref_ids above left the stored text's UTF-8 on it
         entry = tok.sessions._keyed["a"]
-        return {**tok.sessions.stats(), "bytes": None, "text": entry.text, "buf": entry.buf}
+        return {**tok.sessions.stats(), "bytes": None, "text": entry.text, "buf": entry.buffers.current}
 
     before = state()
     assert tok.try_encode_list(second, max_chars=64, session="a") is None  # ~1K + the seam's

@@ -521,7 +521,7 @@ def test_pool_backed_tenants_never_share_state(pooled):
     ask(turns[0], "A", "same-id")
     ask(turns[1], "B", "same-id")
     ask(turns[1], "A", "same-id", model="lora-x")  # another adapter: another tenant
-    assert (delta("session_inits"), delta("session_repairs")) == (3, 0)
+    assert (delta("session_full_encodes"), delta("session_repairs")) == (3, 0)
     ask(turns[2], "A", "same-id")
     assert delta("session_repairs") == 1
     other = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:20000]

@@ -17,14 +17,12 @@ from dtok.pool.shared_sessions import PoolSession
 from dtok.pool.state import PoolState
 from dtok.pool.worker import write_turn
 from dtok.repair import Anchors
+from dtok.session_core import ROUTE_COUNTERS
 from dtok_ext.shm import utf8_length
 
 log = logging.getLogger("dtok")
 
 __all__ = ["SessionFlow"]
-
-_COUNTER_OF_PLAN = {"encode": "session_inits", "append": "session_repairs",
-                    "edit": "session_edits"}
 
 
 class SessionFlow:
@@ -111,7 +109,7 @@ class SessionFlow:
         if pool_session.content:
             state.index.remove(pool_session)
             state.index.add(pool_session, req.keys)
-        state.counts[_COUNTER_OF_PLAN[plan.kind]] += 1
+        state.counts["session_" + ROUTE_COUNTERS[plan.kind]] += 1
         self._answers.resolve_session(req, pool_session, keep if plan.kind != "encode" else 0)
         pool_session.inflight = None
         self.start_next(pool_session)

@@ -1,22 +1,18 @@
 """The pool's sessions, held by the front end: each session's text and anchors, and its IDs in a
 shared-memory segment that callers see through read-only views without a copy.
 
-Copy on write: a worker writes a session's next IDs into its current segment only when the
-plan changes nothing but the IDs after a kept prefix *and* no view of the segment is alive;
-otherwise into another segment, so a view handed to a caller never changes.
-
-That other segment is, when it can be, the session's *spare*: the segment that was current
-before (a caller that holds the previous turn's result while asking for the next one holds a
-view of the current segment, not of the spare). The spare remembers how many of its leading IDs
-still equal the current ones (``spare_valid``: the kept prefix of every turn since it was
-current), so a worker copies only the IDs that changed since then, not the whole context, and no
-segment is created, sized, mapped or faulted in per turn. A spare that a caller still views, or
-that is too small, is not written: the turn gets a fresh segment and the spare is retired
-(unlinked at once, unmapped when its last view is released).
+A session is the session core's state (:mod:`dtok.session_core`) whose buffers are segments:
+its current segment and its copy-on-write spare, chosen by the same rule as in process. A
+worker writes a session's next IDs into its current segment only when the plan changes nothing
+but the IDs after a kept prefix *and* no view of the segment is alive; otherwise into the spare
+(a caller that holds the previous turn's result while asking for the next one holds a view of
+the current segment, not of the spare), copying only the IDs that changed since it was current,
+so no segment is created, sized, mapped or faulted in per turn. A spare that a caller still
+views, or that is too small, is not written: the turn gets a fresh segment and the spare is
+retired (unlinked at once, unmapped when its last view is released).
 """
 from __future__ import annotations
 
-import sys
 from collections import OrderedDict, deque
 from typing import Hashable, NamedTuple
 
@@ -24,13 +20,8 @@ from dtok.pieces import affixed_view
 from dtok.pool import protocol as P
 from dtok.pool import shm
 from dtok.repair import Anchors, Plan
-from dtok.sessions import KeptLists
+from dtok.session_core import IN_PLACE, SPARE, SessionState, capacity_for
 from dtok_ext.shm import MappedIds, write_ids
-
-
-def _with_room(n: int) -> int:
-    """A segment's capacity (ints) for n IDs: room for appends before a new segment."""
-    return n + max(4096, n >> 3)
 
 
 class Target(NamedTuple):
@@ -44,40 +35,44 @@ class Target(NamedTuple):
     valid: int
 
 
-class Spare:
-    """A session's previous segment, kept mapped and named for the next copy on write."""
-    __slots__ = ("seg", "ids", "gen", "capacity", "valid")
+class SessionSegment:
+    """One generation of a session's IDs: its segment and the IDs mapped from it (a buffer of
+    :class:`~dtok.session_core.SessionBuffers`)."""
+    __slots__ = ("seg", "ids", "gen")
 
-    def __init__(self, seg: shm.Segment, ids: MappedIds, gen: int, capacity: int,
-                 valid: int) -> None:
-        self.seg, self.ids, self.gen, self.capacity, self.valid = seg, ids, gen, capacity, valid
+    def __init__(self, seg: shm.Segment, ids: MappedIds, gen: int) -> None:
+        self.seg, self.ids, self.gen = seg, ids, gen
+
+    @property
+    def exports(self) -> int:
+        return self.ids.exports
+
+    @property
+    def capacity(self) -> int:
+        return self.ids.capacity
+
+    def __len__(self) -> int:
+        return self.ids.length
 
 
-class PoolSession:
-    __slots__ = ("key", "sid", "text", "anchors", "n_body", "gen", "seg", "ids", "capacity",
-                 "spare", "last_gen", "queue", "inflight", "nbytes", "lists", "known_by",
-                 "content", "end_key", "ckpt_keys", "used")
+class PoolSession(SessionState):
+    __slots__ = ("key", "sid", "n_body", "last_gen", "queue", "inflight", "known_by", "content")
 
     def __init__(self, key: Hashable, sid: int) -> None:
+        super().__init__()
         self.key, self.sid = key, sid
-        self.text: str | None = None
-        self.anchors: Anchors | None = None
         self.n_body = 0
-        self.gen = 0
-        self.seg: shm.Segment | None = None
-        self.ids: MappedIds | None = None
-        self.capacity = 0  # ints
-        self.spare: Spare | None = None
         self.last_gen = 0  # generations are never reused: a worker caches mappings by them
         self.queue: deque = deque()
         self.inflight = None  # the request whose task is queued or running
-        self.nbytes = 0
-        self.lists = KeptLists()  # what encode_list handed out
         self.known_by: int | None = None  # the worker that last mapped its segment
         self.content = False  # found by content lookup (no key of its own)
-        self.end_key = None  # content lookup: its text's keys (dtok.sessions.ContentIndex)
-        self.ckpt_keys: tuple = ()
-        self.used = 0  # the table's clock at its last result
+
+    @property
+    def ids(self) -> MappedIds | None:
+        """The session's IDs, mapped (what results are views of), or None."""
+        current = self.buffers.current
+        return current.ids if current is not None else None
 
 
 class SessionTable:
@@ -135,17 +130,21 @@ class SessionTable:
         """Where a task whose new IDs are at most ``bound`` writes: the current segment when the
         plan may be done in place, nothing holds a view and it fits; else the spare when no view
         of it is alive and it fits; else a fresh segment (ShmFull if it cannot be made)."""
-        old = session.gen if session.seg is not None and session.text is not None else 0
-        if (old and plan.kind != "encode" and plan.in_place and bound <= session.capacity
-                and (session.ids is None or session.ids.exports == 0)):
-            return Target(old, old, session.capacity, 0)
-        spare, old = session.spare, old if plan.kind != "encode" else 0
-        if spare is not None and spare.ids.exports == 0 and bound <= spare.capacity:
-            session.spare = None  # in flight: a task that does not complete drops it
+        held = session.buffers
+        current = held.current
+        old = current.gen if current is not None and session.text is not None else 0
+        where = held.where(bound, may_write_in_place=bool(old) and plan.kind != "encode"
+                           and plan.in_place)
+        if where == IN_PLACE:
+            return Target(old, old, current.capacity, 0)
+        old = old if plan.kind != "encode" else 0
+        if where == SPARE:
+            valid = held.spare_valid if old else 0
+            spare = held.take_spare()  # in flight: a task that does not complete drops it
             self._pending[(session.sid, spare.gen)] = spare.seg
             spare.ids.release()
-            return Target(spare.gen, old, spare.capacity, spare.valid if old else 0)
-        capacity = _with_room(bound)
+            return Target(spare.gen, old, spare.capacity, valid)
+        capacity = capacity_for(bound)
         self._new_segment(session, 4 * capacity)
         return Target(session.last_gen, old, capacity, 0)
 
@@ -167,15 +166,16 @@ class SessionTable:
     def segment_map(self, session: PoolSession, gen: int):
         """The mapping of a session's segment ``gen``: its current one, or one a turn is
         being written into (:meth:`target`)."""
-        if gen == session.gen and session.seg is not None:
-            return session.seg.map
+        current = session.buffers.current
+        if current is not None and gen == current.gen:
+            return current.seg.map
         return self._pending[(session.sid, gen)].map
 
     def drop_spares(self) -> int:
         """Retire every session's spare (shared memory ran short); how many there were."""
         n = 0
         for session in self._by_key.values():
-            if session.spare is not None:
+            if session.buffers.spare is not None:
                 self._retire_spare(session)
                 n += 1
         return n
@@ -184,20 +184,19 @@ class SessionTable:
                anchors: Anchors, worker: int | None, keep: int) -> None:
         """A task's result becomes the session's state (``keep``: its leading IDs, prefix
         included, that equal the previous state's)."""
-        if gen != session.gen or session.seg is None:
-            self._retire_spare(session)
-            if session.seg is not None:  # the current segment becomes the spare
-                session.spare = Spare(session.seg, session.ids, session.gen, session.capacity, keep)
-                session.seg, session.ids = None, None
-            session.seg = self._pending.pop((session.sid, gen))
-            session.gen = gen
-            session.ids = MappedIds(session.seg.map, capacity)
-            session.capacity = capacity
-        elif session.spare is not None:  # in place: the spare shares only what was kept
-            session.spare.valid = min(session.spare.valid, keep)
+        held = session.buffers
+        current = held.current
+        if current is None or gen != current.gen:
+            seg = self._pending.pop((session.sid, gen))
+            written = SessionSegment(seg, MappedIds(seg.map, capacity), gen)
+            # the current segment becomes the spare; the spare before it is retired
+            self._retire(held.replace(written, keep))
+            current = written
+        else:
+            held.written_in_place(keep)
         session.text, session.n_body, session.anchors = text, n_body, anchors
         session.known_by = worker
-        session.ids.length = self.n_prefix + n_body + self.n_suffix
+        current.ids.length = self.n_prefix + n_body + self.n_suffix
         self._clock += 1
         session.used = self._clock
         self._account(session)
@@ -207,7 +206,7 @@ class SessionTable:
         """A stateless result (body IDs in ``parts``) becomes a session's state: written into a
         new segment, as a worker would have. False when shared memory cannot be had."""
         n_body = sum(len(p) for p in parts)
-        capacity = _with_room(self.n_prefix + n_body + self.n_suffix)
+        capacity = capacity_for(self.n_prefix + n_body + self.n_suffix)
         try:
             seg = self._new_segment(session, 4 * capacity)
         except shm.ShmFull:
@@ -237,23 +236,23 @@ class SessionTable:
 
     def reset(self, session: PoolSession) -> None:
         """Forget a session's state (its IDs may be half written)."""
-        self._retire_spare(session)
         self.retire(session)
         session.text, session.anchors, session.n_body, session.known_by = None, None, 0, None
         session.lists.clear()
 
     def retire(self, session: PoolSession) -> None:
-        if session.seg is not None:
-            session.seg.unlink()
-            self._retired.append((session.seg, session.ids))
-            session.seg, session.ids, session.capacity = None, None, 0
+        """Let go of the session's segments (each unmapped once no view of it is alive)."""
+        for segment in session.buffers.restart(None):
+            self._retire(segment)
         self.reap()
 
     def _retire_spare(self, session: PoolSession) -> None:
-        spare, session.spare = session.spare, None
-        if spare is not None:
-            spare.seg.unlink()
-            self._retired.append((spare.seg, spare.ids))
+        self._retire(session.buffers.take_spare())
+
+    def _retire(self, segment: SessionSegment | None) -> None:
+        if segment is not None:
+            segment.seg.unlink()
+            self._retired.append((segment.seg, segment.ids))
 
     def reap(self, force: bool = False) -> None:
         keep = []
@@ -270,13 +269,7 @@ class SessionTable:
     # --- bounds ---------------------------------------------------------------------------
 
     def _account(self, session: PoolSession) -> None:
-        size = (sys.getsizeof(session.text) if session.text is not None else 0) \
-            + (4 * session.ids.length if session.ids is not None else 0) \
-            + (4 * session.spare.ids.length if session.spare is not None else 0) \
-            + (session.anchors.nbytes if session.anchors is not None else 0) \
-            + session.lists.nbytes
-        self.bytes_used += size - session.nbytes
-        session.nbytes = size
+        self.bytes_used += session.recount()
 
     def drop(self, session: PoolSession) -> None:
         if self._by_key.pop(session.key, None) is not None and session.content:

@@ -39,7 +39,8 @@ def snapshot(state: PoolState, header: dict[str, Any], shm_budget,
                "session_segments_made": sessions.segments_made,
                "lists_made": sum(m.lists.made for m in sessions.values()),
                "shm_bytes": shm_budget.used, "shm_limit": shm_budget.limit,
-               **state.counts, "per_char_ms": dict(estimator.b)}
+               **state.counts, "per_char_ms": dict(estimator.b),
+               "session_inits": state.counts["session_full_encodes"]}  # the old name, one release
     for w in out["workers"]:
         w["pss_mb"] = pss_mb(w["pid"]) if w["alive"] else None
     out["zygote_pss_mb"] = pss_mb(zygote_pid) if zygote_pid else None

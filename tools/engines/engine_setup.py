@@ -123,7 +123,7 @@ def hook_summary(hook, tok) -> list[str]:
         if state["ready"]:
             st = state["stats"]
             lines.append("  pool stats: " + ", ".join(f"{k}={st[k]}" for k in (
-                "requests", "stateless", "chunked", "session_inits", "session_repairs",
+                "requests", "stateless", "chunked", "session_full_encodes", "session_repairs",
                 "session_hits", "failovers", "errors") if k in st))
     stats = tok.stats()
     lines.append(f"  dtok: encoder {stats['encoder']} ({'; '.join(stats['notes'])}), "

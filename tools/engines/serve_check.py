@@ -100,9 +100,9 @@ def counters(url: str) -> dict:
     return out
 
 
-# the pool's names of the session counters (dtok.Pool.stats)
-_POOL_COUNTERS = {"hits": "session_hits", "repairs": "session_repairs", "edits": "session_edits",
-                  "full_encodes": "session_inits", "lookup_hits": "lookup_hits"}
+# the pool's names of the session counters (dtok.Pool.stats): the store's with a session_ prefix
+_POOL_COUNTERS = {**{k: "session_" + k for k in ("hits", "repairs", "edits", "full_encodes")},
+                  "lookup_hits": "lookup_hits"}
 
 
 def sessions_stats(report: dict) -> dict:
