@@ -323,8 +323,9 @@ class ContentIndex:
             self._by_ckpt.setdefault(k, set()).add(item)
 
     def remove(self, item) -> None:
-        if item.end_key is not None and self._by_end.get(item.end_key) is item:
-            del self._by_end[item.end_key]
+        end_key = item.end_key
+        if end_key is not None and self._by_end.get(end_key) is item:
+            del self._by_end[end_key]
         for k in item.ckpt_keys:
             s = self._by_ckpt.get(k)
             if s is not None:
