@@ -16,9 +16,7 @@ and the reference encodes every text (see docs/install.md).
 """
 from __future__ import annotations
 
-import gzip
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -39,6 +37,8 @@ def version() -> str:
 
 def bundled_raw() -> bytes:
     """The bundled Qwen3 ``tokenizer.json`` (Apache-2.0), uncompressed."""
+    import gzip  # here only: a load needs zlib alone
+
     return gzip.decompress((Path(__file__).parent / "data" / "qwen3" / "tokenizer.json.gz")
                            .read_bytes())
 
@@ -63,6 +63,8 @@ def _from_bytes(cls: Any, raw: bytes) -> Any:
             return cls.from_file(f"/proc/self/fd/{fd}")
         finally:
             os.close(fd)
+    import tempfile
+
     with tempfile.TemporaryDirectory() as tmp:  # other platforms: a file only we can read
         path = Path(tmp) / "tokenizer.json"
         path.write_bytes(raw)

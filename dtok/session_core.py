@@ -143,6 +143,9 @@ class SessionState:
     and the bytes it is accounted for."""
 
     __slots__ = ("text", "buffers", "anchors", "lists", "nbytes", "used", "end_key", "ckpt_keys")
+    # what an ID buffer is accounted for: its capacity where this process's heap holds it,
+    # its IDs where shm_bytes bounds the segment's memory (the pool's sessions)
+    ACCOUNT_CAPACITY = True
 
     def __init__(self) -> None:
         self.text: str | None = None
@@ -162,12 +165,12 @@ class SessionState:
 
     def held_bytes(self) -> int:
         """Text, IDs (the current buffer's and the spare's), anchors and lists: what
-        ``session_bytes`` bounds. IDs, not capacity: the pool sizes a segment for the most IDs
-        a turn could have (``shm_bytes`` bounds that memory)."""
+        ``session_bytes`` bounds (an ID buffer as :attr:`ACCOUNT_CAPACITY` says)."""
         held = self.buffers
+        ints = (lambda b: b.capacity) if self.ACCOUNT_CAPACITY else len
         return ((sys.getsizeof(self.text) if self.text is not None else 0)
-                + (4 * len(held.current) if held.current is not None else 0)
-                + (4 * len(held.spare) if held.spare is not None else 0)
+                + (4 * ints(held.current) if held.current is not None else 0)
+                + (4 * ints(held.spare) if held.spare is not None else 0)
                 + (self.anchors.nbytes if self.anchors is not None else 0)
                 + self.lists.nbytes)
 

@@ -842,7 +842,7 @@ def test_threads_take_runs_of_chunks_and_never_wait_for_one_that_did_not_start(m
     want = ref_ids(base, text)
 
     class NeverRuns:  # a pool whose threads never get a CPU: nothing handed out starts
-        def beside(self, jobs):
+        def beside(self, jobs, chars=0):
             return [Future() for _ in jobs]
 
     for tok in (auto, two):

@@ -57,6 +57,7 @@ class SessionSegment:
 
 class PoolSession(SessionState):
     __slots__ = ("key", "sid", "n_body", "last_gen", "queue", "inflight", "known_by", "content")
+    ACCOUNT_CAPACITY = False  # a segment holds room for the most IDs a turn could have
 
     def __init__(self, key: Hashable, sid: int) -> None:
         super().__init__()
