@@ -125,5 +125,6 @@ def validate_pool(tokenizer_knobs: dict[str, Any], shared: dict[str, Any], *, wo
         if value is not None:
             positive_int(name, value)
     if stateless_queue not in STATELESS_QUEUES:
-        raise ValueError("stateless_queue must be 'shared' or 'round_robin'")
+        raise ValueError(f"stateless_queue must be one of {STATELESS_QUEUES}, got "
+                         f"{stateless_queue!r}")
     return knobs

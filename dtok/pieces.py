@@ -301,9 +301,11 @@ class PieceEncoder:
         calls += [(self.reference.encode_stretches, g) for g in groups(slow, False, batch)]
         jobs = [partial(fn, [t for _, t in g]) for fn, g in calls]
         results: list = [None] * len(owner)
-        handed = sum(len(t) for _, g in calls[1:] for _, t in g)
-        for (_, g), answer in zip(calls, self._at_once(jobs, handed) if parallel else
-                                  [job() for job in jobs]):
+        if parallel:  # counted only where jobs may be handed to the threads
+            answers = self._at_once(jobs, sum(len(t) for _, g in calls[1:] for _, t in g))
+        else:
+            answers = [job() for job in jobs]
+        for (_, g), answer in zip(calls, answers):
             for (j, _), ids in zip(g, answer):
                 results[j] = ids
         out: list[list] = [[] for _ in pieces]

@@ -28,8 +28,8 @@ __all__ = ["Planning"]
 
 
 class Planning:
-    """A tokenizer's planning interface (``Tokenizer.planning``). Every call goes to the
-    tokenizer's own parts at call time, so a part replaced in a test is the one used."""
+    """A tokenizer's planning interface (``Tokenizer.planning``). It holds the tokenizer's own
+    parts, not copies, so a method replaced on one of them in a test is the one used."""
 
     __slots__ = ("_planner", "_pieces", "_chunker")
 

@@ -167,12 +167,15 @@ class SessionState:
         """Text, IDs (the current buffer's and the spare's), anchors and lists: what
         ``session_bytes`` bounds (an ID buffer as :attr:`ACCOUNT_CAPACITY` says)."""
         held = self.buffers
-        ints = (lambda b: b.capacity) if self.ACCOUNT_CAPACITY else len
         return ((sys.getsizeof(self.text) if self.text is not None else 0)
-                + (4 * ints(held.current) if held.current is not None else 0)
-                + (4 * ints(held.spare) if held.spare is not None else 0)
+                + self._id_bytes(held.current) + self._id_bytes(held.spare)
                 + (self.anchors.nbytes if self.anchors is not None else 0)
                 + self.lists.nbytes)
+
+    def _id_bytes(self, buffer: Any) -> int:
+        if buffer is None:
+            return 0
+        return 4 * (buffer.capacity if self.ACCOUNT_CAPACITY else len(buffer))
 
 
 class KeptLists:
