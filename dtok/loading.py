@@ -7,7 +7,7 @@ import os
 import threading
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from dtok import guards, tables
 from dtok.admission import Admission, TokenizerFiles, admit
@@ -21,7 +21,8 @@ from dtok_ext.specials import SpecialMatcher
 if TYPE_CHECKING:  # the probes' module is imported when probes start
     from dtok.probes import ProbeJob
 
-__all__ = ["Lane", "Loaded", "FastParts", "Upgrade", "load", "SECOND_WINS", "LONG_PIECE_WINS"]
+__all__ = ["Lane", "Loaded", "FastParts", "Upgrade", "load", "fast_parts_from_cache",
+           "SECOND_WINS", "LONG_PIECE_WINS"]
 
 # The second fast encoder takes a text class when its guard table measured it at most this
 # fraction of fastokens' time on that class (a margin over the measurement's noise).
@@ -67,6 +68,8 @@ class Loaded(NamedTuple):
     literal: SpecialMatcher | None = None
     # where no guard table covered the file: the background probes and what they bring
     upgrade: "Upgrade | None" = None
+    # the SHA-256 its guard tables are keyed by (its own, or an equivalent known file's)
+    table_sha: str = ""
 
 
 def load(files: TokenizerFiles, encoder: str = "auto",
@@ -85,22 +88,24 @@ def load(files: TokenizerFiles, encoder: str = "auto",
     notes: list[str] = []
     rules, fast = None, _NO_FAST
     upgrade = None
+    table_sha = admission.sha256
     if admission.admitted:
         maker = _RuleMaker(admission, reference, encode_special_tokens)
+        path = files.path
         if encoder != "reference":
             table_sha = _table_sha(files, admission, notes)
             with JsonFile(files.raw or reference.to_str().encode("utf-8")) as json_file:
                 # the memory file holds the bytes now: a caller that handed them over (a path
                 # given to Tokenizer) lets them go here, before the fast encoders parse
-                path = files.path
                 files = files.released()
                 fast = _fast_parts(json_file, reference, admission, table_sha,
                                    encoder == "fast", notes, maker)
-            if fast.encoder is None and guard_probes == "background" \
-                    and fastokens_version() is not None and not encode_special_tokens:
-                # (with encode_special_tokens the fast encoder's load check, which compares
-                # with the reference's default behaviour, could not run on the live reference)
-                upgrade = Upgrade(path, table_sha)
+        if fast.encoder is None and guard_probes == "background" \
+                and fastokens_version() is not None and not encode_special_tokens:
+            # (with encode_special_tokens the fast encoder's load check, which compares
+            # with the reference's default behaviour, could not run on the live reference);
+            # a reference-only load probes only when someone asks (Upgrade.notify: a pool)
+            upgrade = Upgrade(path, table_sha, takes_fast=encoder != "reference")
         rules = fast.rules or maker.rules()
     elif encoder == "fast":
         raise FastEncoderError("encoder='fast' needs an admitted file: "
@@ -116,9 +121,9 @@ def load(files: TokenizerFiles, encoder: str = "auto",
                          "strings are plain text; stretches holding one go to the reference")
     loaded = Loaded(files.released(), reference, admission, rules, fast.encoder,
                     fast.nfc_by_fast, fast.second, fast.second_classes, tuple(notes),
-                    fast.long_piece_classes, encode_special_tokens, literal, upgrade)
+                    fast.long_piece_classes, encode_special_tokens, literal, upgrade, table_sha)
     if upgrade is not None:
-        upgrade.start(loaded)
+        upgrade.attach(loaded)
     _release_free_heap()
     return loaded
 
@@ -206,34 +211,59 @@ def _table_sha(files: TokenizerFiles, admission: Admission, notes: list[str]) ->
 
 class Upgrade:
     """A fast encoder that comes later: the background probes (:class:`dtok.probes.ProbeJob`)
-    for a file with no guard table, and the piece encoders that take the fast encoder once
-    they are done (each :meth:`dtok.pieces.PieceEncoder.take_fast`)."""
+    for a file with no guard table, the piece encoders that take the fast encoder once they
+    are done (each :meth:`dtok.pieces.PieceEncoder.take_fast`), and whoever else asked to know
+    (:meth:`notify`: a pool, whose workers then take the table from the cache). A load that
+    takes the fast encoder (``takes_fast``) starts the probes at once; a reference-only load
+    starts them when someone asks."""
 
-    def __init__(self, path, table_sha: str) -> None:
+    def __init__(self, path, table_sha: str, takes_fast: bool = True) -> None:
         self.path = path
         self.table_sha = table_sha
+        self.takes_fast = takes_fast
         self.job: ProbeJob | None = None
         self.error = ""  # the probes could not start
-        self.parts: FastParts | None = None  # once done
+        self.done = False
+        self.parts: FastParts | None = None  # once done, where the load takes the fast encoder
         self.notes: list[str] = []
         self._loaded: Loaded | None = None
         self._waiting: "weakref.WeakSet" = weakref.WeakSet()
+        self._callbacks: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
-    def start(self, loaded: Loaded) -> None:
+    def attach(self, loaded: Loaded) -> None:
+        """The load is complete: probe now where it takes the fast encoder."""
+        self._loaded = loaded
+        if self.takes_fast:
+            self.start()
+
+    def start(self) -> None:
+        """Start the probes (once); where the cache already holds the table, take it."""
         from dtok.probes import ProbeJob
 
-        self._loaded = loaded
-        path = Path(self.path) if self.path else None
-        same_file = path is not None and path.is_file() and loaded.admission.sha256 == self.table_sha
-        try:
-            if path is None or not same_file:  # the loaded reference's JSON: the same tokenizer
-                path = tables.cache_dir() / "probes" / f"{self.table_sha[:16]}-{os.getpid()}.json"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(loaded.reference.to_str())
-            self.job = ProbeJob(path, self.table_sha, self._done, same_file)
-        except OSError as exc:  # no cache to write, no process to start: the reference serves
-            self.error = f"{type(exc).__name__}: {exc}"
+        loaded = self._loaded
+        if loaded is None:
+            raise RuntimeError("guard probes asked for before the load was complete")
+        with self._lock:
+            if self.job is not None or self.done or self.error:
+                return
+            version = fastokens_version()
+            cached = guards.load(self.table_sha, version) if version else None
+            if cached is None:
+                path = Path(self.path) if self.path else None
+                same_file = path is not None and path.is_file() \
+                    and loaded.admission.sha256 == self.table_sha
+                try:
+                    if path is None or not same_file:  # the loaded reference's JSON: the same
+                        path = tables.cache_dir() / "probes" / \
+                            f"{self.table_sha[:16]}-{os.getpid()}.json"
+                        path.parent.mkdir(parents=True, exist_ok=True)
+                        path.write_text(loaded.reference.to_str())
+                    self.job = ProbeJob(path, self.table_sha, self._done, same_file)
+                except OSError as exc:  # no cache to write, no process to start: the reference
+                    self.error = f"{type(exc).__name__}: {exc}"
+                return
+        self._done(cached)
 
     def subscribe(self, pieces) -> None:
         """``pieces`` takes the fast encoder when it comes (at once if it has come)."""
@@ -244,30 +274,67 @@ class Upgrade:
         if parts is not None:
             pieces.take_fast(parts)
 
+    def notify(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the file's guard table is in the cache (at once if it is),
+        starting the probes if they have not started."""
+        with self._lock:
+            done = self.done
+            if not done:
+                self._callbacks.append(callback)
+        if done:
+            callback()
+        else:
+            self.start()
+
     def _done(self, table) -> None:
         loaded = self._loaded
-        if loaded is None:  # the job's callback: start() sets it before the job begins
+        if loaded is None:  # the job's callback: attach() sets it before the job begins
             raise RuntimeError("guard probes ended before they were started")
+        parts: FastParts | None = None
         notes: list[str] = []
-        with JsonFile(loaded.reference.to_str().encode("utf-8")) as json_file:
-            parts = _fast_parts(json_file, loaded.reference, loaded.admission, self.table_sha,
-                                True, notes, _RuleMaker(loaded.admission, loaded.reference, False))
+        if self.takes_fast:
+            parts, notes = fast_parts_from_cache(loaded, self.table_sha)
+            if parts is None:
+                raise RuntimeError("; ".join(notes) or "the guard table left no fast encoder")
         with self._lock:
-            self.parts, self.notes = parts, notes
-            waiting = list(self._waiting)
+            self.parts, self.notes, self.done = parts, notes, True
+            waiting, callbacks = list(self._waiting), self._callbacks
             self._waiting.clear()
+            self._callbacks = []
         for pieces in waiting:
             pieces.take_fast(parts)
+        for callback in callbacks:
+            callback()
         _release_free_heap()
 
     def status(self, wait: float | None = None) -> dict[str, Any]:
         """The probes' state (``stats()['probes']``), after waiting up to ``wait`` seconds for
         them to end."""
-        if self.job is None:
+        if self.error:
             return {"state": "failed", "error": self.error}
+        if self.job is None:
+            return {"state": "done" if self.done else "none"}
         if wait is not None:
             self.job.wait(wait)
         return self.job.status()
+
+
+def fast_parts_from_cache(loaded: Loaded, table_sha: str | None = None
+                          ) -> tuple[FastParts | None, list[str]]:
+    """The fast encoders of ``loaded`` behind the guard tables the cache holds now (written
+    since the load by probes, by another process or by ``dtok guards``), with notes; (None,
+    notes) where none covers the file."""
+    notes: list[str] = []
+    version = fastokens_version()
+    sha = table_sha or loaded.table_sha or loaded.admission.sha256
+    if not loaded.admission.admitted or loaded.encode_special_tokens or version is None \
+            or guards.load(sha, version) is None:
+        return None, notes
+    with JsonFile(loaded.reference.to_str().encode("utf-8")) as json_file:
+        parts = _fast_parts(json_file, loaded.reference, loaded.admission, sha, True, notes,
+                            _RuleMaker(loaded.admission, loaded.reference, False))
+    _release_free_heap()
+    return (parts if parts.encoder is not None else None), notes
 
 
 def _load_fast(json_file: JsonFile, reference, admission: Admission, table_sha: str,

@@ -14,13 +14,14 @@ tokenizer's planner, piece encoder and chunker stay behind it.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from dtok.chunking import split_at
 from dtok.sessions import plan_fits
 
 if TYPE_CHECKING:
     from dtok.chunking import Chunker
+    from dtok.loading import Upgrade
     from dtok.pieces import PieceEncoder
     from dtok.repair import Anchors, Plan, Planner
 
@@ -31,10 +32,22 @@ class Planning:
     """A tokenizer's planning interface (``Tokenizer.planning``). It holds the tokenizer's own
     parts, not copies, so a method replaced on one of them in a test is the one used."""
 
-    __slots__ = ("_planner", "_pieces", "_chunker")
+    __slots__ = ("_planner", "_pieces", "_chunker", "_upgrade")
 
-    def __init__(self, planner: "Planner", pieces: "PieceEncoder", chunker: "Chunker") -> None:
+    def __init__(self, planner: "Planner", pieces: "PieceEncoder", chunker: "Chunker",
+                 upgrade: "Upgrade | None" = None) -> None:
         self._planner, self._pieces, self._chunker = planner, pieces, chunker
+        self._upgrade = upgrade
+
+    def when_guard_table(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback()`` (on another thread) once a guard table for this file is in the
+        cache, probing for one in the background if none is running; False where none will
+        come (the file is not admitted, ``guard_probes="off"``, no fastokens, or a table
+        covered the file at load)."""
+        if self._upgrade is None:
+            return False
+        self._upgrade.notify(callback)
+        return True
 
     @property
     def prefix(self) -> tuple[int, ...]:

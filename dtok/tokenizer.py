@@ -14,7 +14,7 @@ from typing import Any, Hashable, Sequence
 from dtok.admission import Admission, TokenizerFiles, bundled_files, read_files
 from dtok.chunking import Chunker, split_at
 from dtok.knobs import KNOBS, validate
-from dtok.loading import Loaded, load
+from dtok.loading import Loaded, fast_parts_from_cache, load
 from dtok.pieces import PieceEncoder
 from dtok.planning import Planning
 from dtok.repair import PlanKnobs, Planner
@@ -76,7 +76,8 @@ class Tokenizer:
         self.planner = Planner(
             self.rules, PlanKnobs(knobs["scan_budget"][-1], knobs["anchor_spacing"],
                                   knobs["edit_budget"]), self.pieces.stateless_cuts)
-        self.planning = Planning(self.planner, self.pieces, self.chunker)  # the pool's door
+        self.planning = Planning(self.planner, self.pieces, self.chunker,  # the pool's door
+                                 loaded.upgrade)
         self.sessions = SessionStore(
             self.pieces, self.planner, max_sessions=knobs["max_sessions"],
             session_bytes=knobs["session_bytes"], lookup_entries=knobs["lookup_entries"],
@@ -358,6 +359,26 @@ class Tokenizer:
         if upgrade is None:
             return {"state": "none"}
         return upgrade.status(wait)
+
+    def reload_guards(self) -> bool:
+        """Take the fast encoder if the cache now holds a guard table for this file (written
+        since the load by ``dtok guards PATH`` or another process's probes); whether the fast
+        encoder serves now. Both encoders give the reference's IDs: a call in flight is exact
+        whichever it meets, and sessions keep their state.
+
+        >>> Tokenizer.default().reload_guards()
+        True
+        """
+        if self.encoder is not self.pieces.reference:
+            return True
+        if self.knobs["encoder"] == "reference":
+            return False
+        parts, notes = fast_parts_from_cache(self.loaded)
+        if parts is None:
+            return False
+        self.encoder_notes += notes
+        self.pieces.take_fast(parts)
+        return True
 
     def __repr__(self) -> str:
         a = self.admission

@@ -153,28 +153,50 @@ def _new_file_of_a_known_pipeline(tmp_path) -> "Path":  # noqa: F821
 
 
 def test_a_new_file_reaches_the_fast_path_in_the_background(tmp_path, monkeypatch):
+    """A tokenizer and a pool over a new file start on the reference and probe it once
+    (the two jobs share the cache's lock); the tokenizer then takes the fast encoder between
+    two requests, and the pool's zygote takes it and renews the workers one at a time. Every
+    request is exact before, while and after they switch; sessions carry across."""
+    from dtok.pool import Pool
+
     monkeypatch.setenv("DTOK_CACHE_DIR", str(tmp_path / "cache"))
     path = _new_file_of_a_known_pipeline(tmp_path)
     spec = json.loads(path.read_bytes())
     assert probes.load_pipeline(spec, fastokens_version()) is not None, "pipeline table ships"
-    tok = Tokenizer(path)
-    assert tok.encoder.name == "reference" and tok.probes()["state"] == "running"
-    assert tok.explain("x")["probes"]["state"] == "running"
-    encodes = 0
-    while tok.probes()["state"] == "running":  # exact while the probes run and as it switches
-        (text,) = _texts(1, seed=1000 + encodes)
-        assert list(tok.encode(text)) == tok.reference.encode(text).ids
-        encodes += 1
-        time.sleep(0.05)  # requests spaced out: the probes run at the lowest priority
-    status = tok.probes(wait=120)
-    assert status["state"] == "done", status
-    assert tok.encoder.name == "fastokens"
-    before = tok.stats()["fast_pieces"]
-    for text in _texts(8, seed=3):
-        assert list(tok.encode(text)) == tok.reference.encode(text).ids
-        assert list(tok.encode(text + " more", session="s")) == \
-            tok.reference.encode(text + " more").ids
-    assert tok.stats()["fast_pieces"] > before
+    with Pool(path, workers=2, name="renew", chunk_threshold=50_000) as pool:
+        tok = Tokenizer(path)
+        assert tok.encoder.name == "reference" and tok.probes()["state"] == "running"
+        assert tok.explain("x")["probes"]["state"] == "running"
+        assert pool.encoder_name == "reference" and pool.stats()["probes"]["state"] == "running"
+        ref, session, encodes = tok.reference, "", 0
+        while True:  # exact while the probes run and as each switches
+            (text,) = _texts(1, seed=1000 + encodes)
+            ids = ref.encode(text).ids
+            assert list(tok.encode(text)) == ids and list(pool.encode(text)) == ids
+            session += text[:2000]
+            assert list(pool.encode(session, session="s")) == ref.encode(session).ids
+            encodes += 1
+            stats = pool.stats()
+            if tok.probes()["state"] != "running" and stats["encoder"] == "fastokens" \
+                    and stats["workers_to_renew"] == 0 or encodes == 400:
+                break
+            time.sleep(0.05)  # requests spaced out: the probes run at the lowest priority
+        status = tok.probes(wait=120)
+        assert status["state"] == "done", status
+        assert tok.encoder.name == "fastokens"
+        assert stats["probes"]["state"] == "done", stats["probes"]
+        assert stats["encoder"] == "fastokens" and stats["workers_to_renew"] == 0
+        assert stats["worker_renewals"] == 2 and stats["worker_deaths"] == 0
+        assert all(w["alive"] for w in stats["workers"])
+        before = tok.stats()["fast_pieces"]
+        for text in _texts(8, seed=3):
+            ids = ref.encode(text).ids
+            assert list(tok.encode(text)) == ids and list(pool.encode(text)) == ids
+            assert list(tok.encode(text + " more", session="s")) == \
+                ref.encode(text + " more").ids
+            session += text[:3000]
+            assert list(pool.encode(session, session="s")) == ref.encode(session).ids
+        assert tok.stats()["fast_pieces"] > before
     table = guards.load(tok.admission.sha256, fastokens_version())
     assert table is not None and table.checked["pipeline"].startswith(
         probes.pipeline_key(spec)[:16])

@@ -233,9 +233,12 @@ class Pool:
 
     def stats(self) -> dict[str, Any]:
         """Workers (pid, alive, starting, busy, tasks done, PSS), queues, counters, estimates,
-        shared memory in use. The PSS figures are read from ``/proc`` (the kernel walks each
+        shared memory in use; the workers' encoder, the guard probes of a file that had no
+        table (``probes``) and the workers still to renew onto the fast encoder once it came. The PSS figures are read from ``/proc`` (the kernel walks each
         process's pages; docs/pool.md), so a serving process calls this off its event loop."""
-        header = {"name": self.name, "prefix": self.prefix, "encoder": self.encoder_name}
+        header = {"name": self.name, "prefix": self.prefix, "encoder": self.encoder_name,
+                  "probes": self.tokenizer.probes(),
+                  "workers_to_renew": self._supervisor.renewals_pending}
         return snapshot(self._state, header, self._budget, self.zygote_pid)
 
     @property

@@ -21,7 +21,8 @@ __all__ = ["PoolState", "Routes", "COUNTERS"]
 #: the events a pool counts (``Pool.stats()`` reports each under this name)
 COUNTERS = ("requests", "stateless", "chunked", "chunks", "lookups", "lookup_hits",
             "session_hits", "session_repairs", "session_edits", "session_full_encodes", "plan_failures",
-            "failovers", "timeouts", "worker_deaths", "replacements", "errors", "in_process",
+            "failovers", "timeouts", "worker_deaths", "replacements", "worker_renewals", "errors",
+            "in_process",
             "shm_full", "loop_turns")
 
 

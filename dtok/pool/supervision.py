@@ -51,6 +51,10 @@ class Supervisor:
         self._done_sem = None
         self._threads: list[threading.Thread] = []
         self._restarts: dict[int, list[float]] = {}
+        # renewal onto the fast encoder (its guard table came after the start): the slots still
+        # to renew, and the one whose worker was asked to exit (index -> its pid)
+        self._to_renew: set[int] = set()
+        self._retiring: dict[int, int] = {}
 
     def start(self, n_workers: int, budget: shm.Budget, tokenizer, config: dict,
               owner: object) -> None:
@@ -75,6 +79,10 @@ class Supervisor:
             raise PoolError(str(exc)) from None
         self.encoder_name = loaded["encoder"]
         state.estimator.start(self.encoder_name)
+        if self.encoder_name == "reference":
+            # a file with no guard table yet: when the probes have written one, the zygote
+            # takes it and the workers are renewed one at a time
+            state.planning.when_guard_table(self._guard_table_written)
         for ch in state.channels:
             self._launch(ch)
         for target, label in ((self._dispatch_loop, "dispatch"), (self._zygote_loop, "zygote")):
@@ -100,6 +108,47 @@ class Supervisor:
         for t in self._threads:
             t.join(5)
 
+    @property
+    def renewals_pending(self) -> int:
+        """Workers still on the encoder they were forked with, to be renewed onto the fast one."""
+        return len(self._to_renew) + len(self._retiring)
+
+    def _guard_table_written(self) -> None:
+        with self._state.lock:
+            if not self._state.closed and self.zygote is not None:
+                self.zygote.take_guards()
+
+    def _zygote_took_guards(self, encoder: str) -> None:
+        """The zygote serves with ``encoder`` now: renew the workers forked before."""
+        if encoder == self.encoder_name:
+            return
+        log.info("dtok pool: the %s encoder serves from now on; renewing the workers", encoder)
+        self.encoder_name = encoder
+        self._state.estimator.start(encoder)
+        self._to_renew = {ch.index for ch in self._state.channels}
+        self._renew_next()
+
+    def _renew_next(self) -> None:
+        """Ask one idle worker still on the old encoder to exit (its slot gets a worker forked
+        from the zygote as it is now); one at a time, so the others keep serving."""
+        state = self._state
+        if not self._to_renew or self._retiring or state.closed \
+                or any(ch.ready_by and not ch.alive for ch in state.channels):
+            return
+        for ch in state.channels:
+            if ch.index in self._to_renew and ch.alive and ch.task is None and ch.pid:
+                self._to_renew.discard(ch.index)
+                self._retiring[ch.index] = ch.pid
+                ch.alive = False
+                ch.ready_by = time.monotonic() + self.timeouts.worker_start  # a slot still
+                self._flow.forget_worker(ch.index)
+                for task in state.queues.drain(ch.index):
+                    self._routing.push_task(task)
+                ch.exit()
+                return
+            if ch.index in self._to_renew and not ch.alive and not ch.ready_by:
+                self._to_renew.discard(ch.index)  # a slot left empty: nothing to renew
+
     def _launch(self, ch: Channel) -> None:
         """Ask the zygote for a (new) worker in this slot (caller holds the lock or starts)."""
         ch.restart()
@@ -114,6 +163,10 @@ class Supervisor:
         for ch in self._state.channels:
             if ch.alive or not ch.ready_by:
                 continue
+            if self._retiring.get(ch.index) == ch.pid:  # asked to exit for its renewal
+                if now > ch.ready_by:
+                    shm.sigkill(ch.pid)
+                continue
             if ch.pid and ch.control.ready and ch.control.pid == ch.pid:
                 ch.alive, ch.ready_by = True, 0.0
                 self._state.ready.notify_all()
@@ -125,6 +178,7 @@ class Supervisor:
                     self._on_death(ch.index)
                     continue
                 shm.sigkill(ch.pid)
+        self._renew_next()
         self._dispatch.assign()
 
     def _on_death(self, index: int, replace: bool = True,
@@ -134,6 +188,10 @@ class Supervisor:
         ch = state.channels[index]
         was_alive = ch.alive
         ch.alive, ch.ready_by = False, 0.0
+        if self._retiring.pop(index, None) is not None and replace and not state.closed:
+            state.counts["worker_renewals"] += 1  # it exited as asked: its slot is renewed
+            self._launch(ch)
+            return
         if was_alive:
             state.counts["worker_deaths"] += 1
             log.warning("dtok pool: worker %d (pid %d) died", index, ch.pid)
@@ -211,6 +269,8 @@ class Supervisor:
                                     ev.get("status"))
                         self._dispatch.harvest()  # it may have answered before dying
                         self._on_death(ev["index"])
+                elif ev.get("event") == "guards":
+                    self._zygote_took_guards(ev["encoder"])
                 elif ev.get("event") == "error":
                     log.warning("dtok pool: zygote: %s", ev.get("error"))
         with state.lock:  # the zygote is gone: so are the workers, and none can be replaced

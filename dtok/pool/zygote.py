@@ -13,8 +13,10 @@ end's loaded reference serialized when there is no file), with the file's SHA-25
 the guard tables: so a tokenizer built from bytes can be pooled too.
 
 Control plane (not the hot path): JSON lines. The front end sends the configuration, then
-``{"cmd": "fork", "index": i}`` (also to replace a dead worker) and ``{"cmd": "exit"}``; the
-zygote answers ``loaded``, ``started``, ``dead`` and ``error`` events, and wakes the front end's dispatcher on a
+``{"cmd": "fork", "index": i}`` (also to replace a dead worker), ``{"cmd": "take_guards"}`` (a
+guard table the front end's probes wrote: the zygote takes the fast encoder, answering
+``guards``) and ``{"cmd": "exit"}``; the zygote answers ``loaded``, ``started``, ``dead``,
+``guards`` and ``error`` events, and wakes the front end's dispatcher on a
 death. When its stdin closes or its stdout breaks (the front end exited or crashed, even while
 the zygote was still loading) it kills the workers and unlinks every name of the pool.
 """
@@ -138,6 +140,10 @@ def _serve(tok, config: dict, children: dict[int, int], done_sem, stdin: _Stdin)
                                    hang=starts[index] <= hang.get(str(index), 0))
                 children[pid] = index
                 _emit({"event": "started", "index": index, "pid": pid})
+            elif msg["cmd"] == "take_guards":
+                # the front end's probes wrote the file's guard table: workers forked from
+                # now on encode with the fast encoder (the pool renews the running ones)
+                _take_guards(tok)
             elif msg["cmd"] == "exit":
                 closing = True
                 closing_deadline = time.monotonic() + 5  # workers were sent OP_EXIT
@@ -157,6 +163,14 @@ def _serve(tok, config: dict, children: dict[int, int], done_sem, stdin: _Stdin)
                 done_sem.release()
         if closing and (not children or time.monotonic() > closing_deadline):
             return
+
+
+def _take_guards(tok) -> None:
+    try:
+        tok.reload_guards()
+    except Exception as exc:  # noqa: BLE001 - the reference goes on serving
+        _emit({"event": "error", "error": f"guard table not taken: {type(exc).__name__}: {exc}"})
+    _emit({"event": "guards", "encoder": tok.encoder.name, "threads": _threads()})
 
 
 def _stop(children: dict[int, int]) -> None:
