@@ -86,9 +86,10 @@ class TokenizerFiles:
     def outline(self) -> dict[str, Any]:
         """tokenizer.json parsed, on each call, with the model's vocabulary and merges empty:
         nothing dtok decides from a file reads them (the reference holds them), and parsed they
-        would be ~50 MB of Python objects (Qwen3's 150K entries, ~150 ms) that leave ~3 MiB of
-        allocator space behind (:func:`dtok_ext.outline.emptied`: the document scanned, those
-        two values emptied, then parsed)."""
+        would cost a load time and leave allocator space behind
+        (docs/benchmarks.md#a-loaded-tokenizers-memory-step-by-step;
+        :func:`dtok_ext.outline.emptied`: the document scanned, those two values emptied, then
+        parsed)."""
         light = emptied(self.raw, "model", _BULK)
         if light is not None:
             try:
@@ -135,7 +136,7 @@ def bundled_files() -> TokenizerFiles:
     import gzip
 
     # the package's own folder (its Cython modules keep it from running from a zip, so
-    # importlib.resources, 0.8 MiB of imports, would find the same files)
+    # importlib.resources, more imports at every load, would find the same files)
     data = Path(__file__).resolve().parent / "data" / "qwen3"
     raw = gzip.decompress((data / "tokenizer.json.gz").read_bytes())
     config = json.loads((data / "tokenizer_config.json").read_bytes())

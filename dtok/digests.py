@@ -1,9 +1,9 @@
 """SHA-256 and BLAKE2b by Python's own implementations, not OpenSSL's.
 
-Importing ``hashlib`` loads OpenSSL's libcrypto: 3.6 MiB of RSS in a process that has no other
-use for it (measured beside a loaded tokenizer). dtok's digests (a tokenizer file's SHA-256,
-keys of session fingerprints, long client strings) are few; the built-in SHA-256 hashes
-Qwen3's 11 MB file in ~34 ms against OpenSSL's ~10 ms, once per load.
+Importing ``hashlib`` loads OpenSSL's libcrypto, RSS in a process that has no other use for it.
+dtok's digests (a tokenizer file's SHA-256, keys of session fingerprints, long client strings)
+are few, so the built-in SHA-256, slower on a whole file but run once per load, is the cheaper
+choice (docs/benchmarks.md#a-loaded-tokenizers-memory-step-by-step).
 """
 from __future__ import annotations
 

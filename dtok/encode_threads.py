@@ -2,16 +2,11 @@
 works on beside them, run it on other CPUs than the caller's.
 
 Why: Linux places a woken thread near the thread that woke it unless it finds another CPU
-idle, and a KVM guest's vCPU that went idle for a while seems not to count as idle (likely: the
-host has descheduled it, and the guest skips CPUs it sees preempted). On the 2-vCPU guest dtok
-is measured on, 20 ms after the last call a plain pool thread handed a 2 ms GIL-free job woke
-on the caller's own CPU in 71-85 of 100 hand-outs, so the two jobs ran one after the other
-(2.06x one job's time, against 1.11x back to back); kept off the caller's CPU, 0 of 100 and
-1.14x (``benches/bench_wake.py``). The thread keeps off the caller's CPU until its job ends:
-each chunk's GIL hand-off is another wake-up, and a thread given its CPUs back as its job
-started was moved beside the caller again (dtok's split of 1M characters of other text then
-measured as with no placement). The caller itself is never narrowed: pinned too, both threads
-measured slower. (``docs/benchmarks.md#default-threads``.)
+idle, and on a small VM a vCPU that idled does not count as idle, so a plain pool thread often
+wakes on the caller's own CPU and the two shares run one after the other. The thread keeps off
+the caller's CPU until its job ends (each chunk's GIL hand-off is another wake-up); the caller
+itself is never narrowed. Measured: ``docs/benchmarks.md#default-threads``
+(``benches/bench_wake.py``).
 """
 from __future__ import annotations
 

@@ -44,16 +44,9 @@ FASTOKENS_CACHE_VARS = ("FASTOKENS_INPUT_CACHE", "FASTOKENS_SEGMENT_CACHE")
 # fastokens starts BPE threads of its own for one long call, one per CPU unless
 # FASTOKENS_BPE_THREADS says otherwise (read once per process, at its first long call). On a
 # machine with this many CPUs or fewer, dtok holds it to one where the operator left the
-# variable unset: there its threads compete with dtok's own and a helper woken after a pause
-# starts late. On the 2-vCPU guest dtok is measured on, dtok's default held took 0.66-0.91 of
-# its time beside them on prose and 0.74-0.88 on multilingual text (20 ms apart and back to
-# back, four files), but 1.25-1.35x on code back to back, where fastokens' second thread
-# halves one long call (dtok's default then kept 1M characters of Latin text in one piece; it
-# splits them there since: dtok.pieces.AUTO_SPLIT_SAVING), and up to 1.17x on adversarial text
-# (docs/benchmarks.md#fastokens-own-threads). On 16 CPUs they made one long call 2-3x faster,
-# and dtok's default, which keeps 1M characters of prose in one piece beside them
-# (dtok.pieces.AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS), gets that speed only through them: they
-# are left on there. Between 3 and 15 CPUs nothing was measured.
+# variable unset: there its threads compete with dtok's own; on many cores they are left on,
+# where they speed one long call up. The bound is the one CPU count measured
+# (docs/encoders.md#threads-and-fastokens-own-threads, docs/benchmarks.md#fastokens-own-threads).
 FASTOKENS_OWN_THREADS_MAX_CPUS = 2
 
 
@@ -104,7 +97,7 @@ def installed_version(package: str) -> str | None:
     """The installed version of ``package``, as ``importlib.metadata.version`` finds it: the
     first ``.dist-info`` of that name along ``sys.path``, its METADATA's Version. Read here
     directly because importing ``importlib.metadata`` loads ~50 modules (email, zipfile, csv,
-    ...: 3.4 MiB of RSS in every process that loads a tokenizer); ``importlib.metadata`` is
+    ...) into every process that loads a tokenizer (docs/encoders.md#memory); it is
     asked only where the lookup is not plain (no dist-info, two in one folder, no Version, a
     zip on the path)."""
     def normalized(name: str) -> str:  # PEP 503, as dist-info folder names are compared
@@ -222,8 +215,8 @@ class JsonFile:
     the system has them (Linux), else the bytes themselves. Once the memory file holds them, the
     bytes object may go (a caller that handed it over lets it go before the encoders parse their
     copy: a load's peak is lower by the file's size). From a str the JSON would be held three
-    times at once (the bytes, the str, its UTF-8 form): on Qwen3 a load's peak was 24 MiB higher
-    (measured)."""
+    times at once (the bytes, the str, its UTF-8 form), which raises a load's peak
+    (docs/benchmarks.md#a-loaded-tokenizers-memory-step-by-step)."""
 
     def __init__(self, raw: bytes) -> None:
         self._raw: bytes | None = raw
@@ -318,8 +311,8 @@ class GigaEncoder:
     #36; the bound came after 0.10.0) and offers no way to bound or clear it. Each call's
     characters are counted; once ``renew_chars`` have gone through one instance, the next call
     builds a fresh one (from the reference's JSON; the old one is freed when its last call
-    returns), so the cache holds at most what ``renew_chars`` characters put there. Building
-    one takes ~0.5 s on Qwen3."""
+    returns), so the cache holds at most what ``renew_chars`` characters put there. A renewal
+    is a pause inside the call that triggers it (docs/encoders.md#a-second-fast-encoder-gigatoken)."""
 
     name = "gigatoken"
     RENEW_CHARS = 64 << 20

@@ -30,9 +30,8 @@ SECOND_WINS = 0.9
 # fastokens takes text of a class other than Latin in long pieces (one a thread, where one
 # thread encodes it) when its guard table measured a whole 1M-character document at most this
 # fraction of the time of the same document cut (tools/data/build_guards.py --long-pieces): cut
-# text also costs the route's work per piece, which that does not measure. Measured (AMD EPYC,
-# one pinned CPU): Llama-3.1 0.93-0.96 and DeepSeek-V3 0.92-0.93 in three runs each, gpt-oss
-# 1.22, Qwen3 1.84 (its NFC: the 64K pieces stay there).
+# text also costs the route's work per piece, which that does not measure (the tested files'
+# ratios: docs/knobs.md#chunks, docs/benchmarks.md#the-fast-encoders-pieces).
 LONG_PIECE_WINS = 1.0
 
 
@@ -407,8 +406,8 @@ def _load_giga(json_file: JsonFile, reference, admission: Admission, table_sha: 
 
 def _release_free_heap() -> None:
     """Give the heap that loading freed back to the system (glibc only). Parsing a tokenizer
-    file (the reference's and dtok's own parse) leaves ~100 MB of freed heap in the process,
-    which glibc keeps unless asked; on Qwen3 this halves a loaded tokenizer's RSS."""
+    file (the reference's and dtok's own parse) leaves freed heap in the process, which glibc
+    keeps unless asked (docs/benchmarks.md#a-loaded-tokenizers-memory-step-by-step)."""
     try:
         import ctypes
 

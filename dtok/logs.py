@@ -1,6 +1,6 @@
 """dtok's logger, ``logging.getLogger("dtok")``, with ``logging`` imported when something is
-first logged: a process that loads a tokenizer and logs nothing would otherwise pay ~1 MiB of RSS
-for it (``docs/encoders.md``, memory)."""
+first logged: a process that loads a tokenizer and logs nothing would otherwise pay its RSS
+(``docs/benchmarks.md#a-loaded-tokenizers-memory-step-by-step``)."""
 from __future__ import annotations
 
 

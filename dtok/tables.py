@@ -13,7 +13,8 @@ so they are stored keyed by its version. A table built for another version is ne
 loader rebuilds it (about ten seconds) into the user cache, or refuses when ``DTOK_TABLES=strict``.
 ``tools/data/build_tables.py`` builds the tables that ship inside the package, in
 ``dtok/families/tables`` beside the family rules and transitions they belong to. numpy is
-imported only by the functions that build tables: loading one does not need it (17 MiB of RSS).
+imported only by the functions that build tables: loading one does not need it, and a process
+that loads a tokenizer does not pay its RSS (docs/benchmarks.md#memory).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:  # annotations only: loading a table does not import numpy
     import numpy as np
 
 
-SCHEMA = 3  # 3: noncharacters are no longer guard characters
+SCHEMA = 3  # 3: noncharacters are not guard characters
 N_CODEPOINTS = 0x110000
 CLASS_MASK = 0x3F
 NFC_ANCHOR = 0x40
@@ -43,8 +44,8 @@ _SURROGATES = slice(0xD800, 0xE000)
 # The 66 noncharacters are unassigned in every Unicode version and stay so (Unicode's stability
 # policy), with default properties, so no fast encoder's Unicode data can class them otherwise:
 # the unassigned guard (other versions' data) does not need them. Each is still probed per file
-# like every code point (dtok.guards). One U+FFFE in naughty-strings text sent 1M-character
-# documents through the guard route: 1.14-1.31x fastokens alone's time, for one character.
+# like every code point (dtok.guards). Guarding them would send whole documents through the
+# guard route for one character (docs/benchmarks.md#the-noncharacters).
 NONCHARACTERS = (*range(0xFDD0, 0xFDF0),
                  *(plane + last for plane in range(0, N_CODEPOINTS, 0x10000)
                    for last in (0xFFFE, 0xFFFF)))
@@ -227,9 +228,9 @@ _BUILT_IN_MEMORY: dict[tuple[str, str], FamilyTables] = {}
 def load(family_name: str) -> FamilyTables:
     """Class table and transition matrix of a family for the installed ``tokenizers``.
 
-    Read from the package (or the cache) on each call, ~2 ms, not kept: a loaded tokenizer
-    holds its own guarded copy of the table, and a kept family table would be another 1 MiB
-    in every process."""
+    Read from the package (or the cache) on each call (a few ms), not kept: a loaded tokenizer
+    holds its own guarded copy of the table, and a kept family table would be a second copy in
+    every process (docs/benchmarks.md#a-loaded-tokenizers-memory-step-by-step)."""
     family = FAMILIES[family_name]
     classes = list(CLASSES[family.name])
     if len(classes) >= 64:

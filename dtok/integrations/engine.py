@@ -276,8 +276,8 @@ class EngineHook:
     @staticmethod
     def _warm(wrapper) -> None:
         """Encode a short text in this thread (an event loop's, between requests): a thread's
-        first call into the fast encoder sets up its per-thread state (2-38 ms measured), which
-        the first request answered on this loop would otherwise wait for."""
+        first call into the fast encoder sets up its per-thread state, which the first request
+        answered on this loop would otherwise wait for (docs/serving.md)."""
         try:
             wrapper.current().encode(WARM_TEXT)
         except Exception as exc:  # noqa: BLE001 - only a warm-up

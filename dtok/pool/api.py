@@ -89,8 +89,8 @@ class Pool:
     Knobs shared with :class:`dtok.Tokenizer` (chunking, session bounds,
     ``encode_special_tokens``) left as None are the tokenizer's. Given a tokenizer, the pool's
     in-process route encodes with its loaded encoders; given a path, it loads the file again
-    (fastokens keeps ~16 MiB per thread *and* instance: a thread that encodes through both
-    loads holds two shares).
+    (fastokens keeps its per-thread state per thread *and* instance: a thread that encodes
+    through both loads holds two shares; docs/reliability.md#one-load-per-process).
 
     >>> with Pool(workers=2) as pool:
     ...     ids = pool.encode("Hello, world!")
