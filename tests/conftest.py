@@ -12,6 +12,12 @@
   ``qwen3-tiny`` (qwen2, NFC), ``llama3-tiny`` (llama3, BOS template, ``ignore_merges``),
   ``deepseek-v3-tiny`` (three Splits, ``normalized=true`` and overlapping added tokens),
   ``gpt-oss-tiny`` (o200k).
+* the small files of the families with no real file in ``../shared`` (``MADE_TINY_FILES``:
+  ``tekken-tiny``, Mistral's Tekken file as ``transformers`` converts it; ``kimi-tiny``, Kimi's
+  pipeline as toktier converts it): made by the same script from those primary sources. The
+  exactness battery and its control (``BATTERY_FILES``), admission and their family's tests run
+  on them; the other ``MAIN_FILES`` tests (sessions, pool, edits, integrations) do not, to keep
+  the suite's time.
 * two real files: Qwen3-8B (bundled in the package, ``dtok/data/qwen3``) and gpt-oss-120b
   (``tests/data/tokenizers/gpt-oss``), both Apache-2.0, byte-identical to the shared copies.
 * ``tests/data/corpus``: verbatim copies of the corpus files the tests read (public-domain prose,
@@ -59,15 +65,23 @@ REQUIRE_SHARED = bool(os.environ.get("CI"))
 
 # real name -> family, one per admitted family; each has a small copy "<name>-tiny"
 _TINY = {name: family for name, (family, _size) in build_test_tokenizers.TINY.items()}
-REAL_FILES = list(_TINY)
+# real files ../shared does not hold (the build script makes them from their primary sources):
+# their small files are test files, they are not
+MADE_FILES = list(build_test_tokenizers.MADE)
+REAL_FILES = [name for name in _TINY if name not in MADE_FILES]
 TINY_FILES = [f"{name}-tiny" for name in _TINY]
+MADE_TINY_FILES = [f"{name}-tiny" for name in MADE_FILES]
 IN_REPO = {  # real files the repository carries: gzip-compressed tokenizer.json, its config
     "qwen3": PACKAGE_DATA / "qwen3",
     "gpt-oss": DATA / "tokenizers" / "gpt-oss",
 }
 TINY_OF = {n: f"{n}-tiny" for n in REAL_FILES if n not in IN_REPO}  # without shared
-MAIN_FILES = REAL_FILES + TINY_FILES if HAVE_SHARED or REQUIRE_SHARED else \
-    [n for n in REAL_FILES if n in IN_REPO] + TINY_FILES
+_MAIN_TINY = [f"{name}-tiny" for name in REAL_FILES]
+MAIN_FILES = REAL_FILES + _MAIN_TINY if HAVE_SHARED or REQUIRE_SHARED else \
+    [n for n in REAL_FILES if n in IN_REPO] + _MAIN_TINY
+# the exactness battery and its control run on these: the main files and the small files of
+# the families without a real file (whose other tests are their family's: tables, transitions)
+BATTERY_FILES = MAIN_FILES + MADE_TINY_FILES
 OTHER_FILES = ["phi3-mini", "roberta-base", "t5-small", "bert-base-uncased"]
 FAMILY_OF = {**_TINY, **{f"{name}-tiny": family for name, family in _TINY.items()}}
 
@@ -224,6 +238,12 @@ def pytest_report_header(config):
 @pytest.fixture(params=MAIN_FILES, scope="session")
 def main_tok(request):
     """Each admitted tokenizer, with a low chunk threshold so tests exercise the chunked route."""
+    return load_tokenizer(request.param, chunk_threshold=2048, chunk_target=1024, threads=2)
+
+
+@pytest.fixture(params=BATTERY_FILES, scope="session")
+def battery_tok(request):
+    """``main_tok``'s files and the small files of the families without a real file."""
     return load_tokenizer(request.param, chunk_threshold=2048, chunk_target=1024, threads=2)
 
 

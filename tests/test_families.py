@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from conftest import FAMILY_OF, MAIN_FILES, shared_path
+from conftest import FAMILY_OF, MADE_TINY_FILES, MAIN_FILES, shared_path
 from dtok import tables
 from dtok.families import ACCEPTED, CLASSES, FAMILIES, identify
 from dtok.families.derive import PairChecker, gap_texts, gaps_in_every_code_point
@@ -31,7 +31,7 @@ def reps(members, rng=None):
             for n, c in members.items()}
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("name", MAIN_FILES + MADE_TINY_FILES)
 def test_main_files_identify_their_family(name):
     import json
 
@@ -141,7 +141,7 @@ def _inverted(pre_tokenizer: dict) -> dict:
     return {**pre_tokenizer, "pretokenizers": steps}
 
 
-@pytest.mark.parametrize("name", ["llama3", "qwen3", "gpt-oss", "deepseek-v3"])
+@pytest.mark.parametrize("name", ["llama3", "qwen3", "gpt-oss", "deepseek-v3", *MADE_TINY_FILES])
 def test_removed_inverted_split_is_admitted_only_where_gapless(name):
     import json
 

@@ -89,6 +89,31 @@ every rejected pair has a counterexample. Per family, what the derivation finds,
     through the mark and took following CR/LF) and drops letter -> mark (accepted there as
     letter -> other).
 
+``tekken`` (Mistral's Tekken: Ministral-3, NVIDIA Nemotron-3-Nano)
+    ``o200k``'s pattern without the contraction suffix and with single digits (``\\p{N}``). On the
+    classes the two share the derivation finds exactly ``o200k``'s set, plus digit -> digit
+    (every digit is a piece of its own). With no contractions the apostrophe is punctuation like
+    any other (class O) and the contraction letters are letters like any other, so a word
+    ending before an apostrophe is cut there (letter -> other accepted; in ``o200k`` the word
+    takes a following ``'s``). As in ``o200k``: a word ends before an uppercase letter that follows
+    a lowercase one (lowercase -> uppercase/titlecase accepted, upper -> lower rejected), marks
+    extend words and punctuation runs, and a punctuation run takes a following ``/``, CR or LF.
+
+``kimi`` (Kimi, Moonshot)
+    A first alternative ``[\\p{Han}]+`` takes runs of Han characters before ``o200k``'s
+    alternatives see them; those take Han out of their letter classes (``&&[^\\p{Han}]``), and
+    the punctuation run takes no ``/``. On the classes without Han the derivation finds exactly
+    ``o200k``'s set. Han characters are letters (Lo, Lm), numerals, marks or symbols (the
+    radicals), one class each. Accepted: Han letter -> anything but Han, and anything but Han and
+    whitespace -> Han letter (a Han run stops at the first non-Han character, and the word
+    alternatives take no Han letter); letter, CR and LF -> any Han; digit -> any Han but a
+    numeral. Rejected, with the reason: Han -> Han (one run); whitespace -> anything (as in
+    every family); other, apostrophe or mark -> Han symbol or Han mark, and Han symbol or Han
+    mark -> other, apostrophe, mark, CR or LF (neither is a letter or digit, so a punctuation
+    run `` ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*`` goes on through them: ``" ⺀"`` is one
+    piece); digit -> Han numeral and Han numeral -> digit (``\\p{N}{1,3}`` counts a Han numeral
+    as a digit when the digit group starts first).
+
 Removed and inverted
 --------------------
 Some files (OLMo-3: Llama 3's pattern; MiniMax-M3: o200k's) write the split as
@@ -149,13 +174,38 @@ _DEEPSEEK_V3 = (
     "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
 )
 
+# Mistral's Tekken pattern (Ministral-3 and NVIDIA Nemotron-3-Nano use it): o200k's words
+# without the contraction suffix, single digits. Exactly as mistral-common's tekken.json holds it
+# (config.pattern); transformers' converter writes it into one isolated Split.
+_TEKKEN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Kimi (Moonshot): a leading Han-run branch, then o200k's words with Han taken out of their
+# letter classes (class intersection ``&&``) and without the ``/`` after a punctuation run.
+# Exactly as toktier 0.3.0 converts Kimi's tiktoken files (artifacts/conversion.py, which
+# re-reads it from Kimi's tokenization_kimi.py).
+_KIMI_WORD_UPPER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]"
+_KIMI_WORD_LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]"
+_KIMI = (
+    r"[\p{Han}]+"
+    r"|[^\r\n\p{L}\p{N}]?" + _KIMI_WORD_UPPER + "*" + _KIMI_WORD_LOWER
+    + r"+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?" + _KIMI_WORD_UPPER + "+" + _KIMI_WORD_LOWER
+    + r"*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
 _WS_ATOMS = (("W", r"\s"), ("CR", r"\r"), ("LF", r"\n"), ("SP", " "))
+_CASE_ATOMS = (("Lu", r"\p{Lu}"), ("Lt", r"\p{Lt}"), ("Lm", r"\p{Lm}"), ("Lo", r"\p{Lo}"),
+               ("Ll", r"\p{Ll}"), ("M", r"\p{M}"), ("L", r"\p{L}"), ("N", r"\p{N}"))
 
 # One-split families whose pattern leaves no gap: Split(behavior="Removed", invert=true) keeps
 # exactly the matches, so where the matches tile the text it splits as Isolated does (the
 # argument: module docstring, "Removed and inverted"; tests/test_families.py re-proves it on
 # the installed reference).
-GAPLESS = frozenset({"qwen2", "llama3", "o200k", "qwen35"})
+GAPLESS = frozenset({"qwen2", "llama3", "o200k", "qwen35", "tekken", "kimi"})
 
 
 class Family(NamedTuple):
@@ -196,11 +246,7 @@ FAMILIES: dict[str, Family] = {
         Family(
             "o200k",
             (_O200K,),
-            (
-                ("Lu", r"\p{Lu}"), ("Lt", r"\p{Lt}"), ("Lm", r"\p{Lm}"), ("Lo", r"\p{Lo}"),
-                ("Ll", r"\p{Ll}"), ("M", r"\p{M}"), ("L", r"\p{L}"), ("N", r"\p{N}"),
-                *_WS_ATOMS, ("SLASH", "/"), ("APOS", "'"), *_CONTRACTION_LETTERS,
-            ),
+            (*_CASE_ATOMS, *_WS_ATOMS, ("SLASH", "/"), ("APOS", "'"), *_CONTRACTION_LETTERS),
         ),
         Family(
             "deepseek_v3",
@@ -218,6 +264,12 @@ FAMILIES: dict[str, Family] = {
                 ("L", r"\p{L}"), ("M", r"\p{M}"), ("N", r"\p{N}"), *_WS_ATOMS, ("APOS", "'"),
                 *_CONTRACTION_LETTERS,
             ),
+        ),
+        Family("tekken", (_TEKKEN,), (*_CASE_ATOMS, *_WS_ATOMS, ("SLASH", "/"))),
+        Family(
+            "kimi",
+            (_KIMI,),
+            (("Han", r"\p{Han}"), *_CASE_ATOMS, *_WS_ATOMS, ("APOS", "'"), *_CONTRACTION_LETTERS),
         ),
     )
 }

@@ -47,7 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dtok import guards  # noqa: E402
-from dtok.encoders import FastEncoder, GigaEncoder  # noqa: E402
+from dtok.encoders import FastEncoder, FastEncoderError, GigaEncoder  # noqa: E402
 from dtok.tokenizer import Tokenizer  # noqa: E402
 
 
@@ -76,6 +76,8 @@ def main() -> None:
         for path in args.paths:
             try:
                 record_speed(path, args.out, args.corpus, args.candidate)
+            except FastEncoderError as exc:  # no guard table to record it in
+                print(f"{path}: {exc}: nothing measured", flush=True)
             except BaseException as exc:  # a candidate's Rust panic is a BaseException
                 if not args.candidate or isinstance(exc, KeyboardInterrupt):
                     raise
@@ -85,7 +87,11 @@ def main() -> None:
         tok = Tokenizer.from_file(path, encoder="reference")
         a = tok.admission
         make = GigaEncoder if args.encoder == "gigatoken" else FastEncoder
-        fast = make(tok.tokenizer_json(), tok.reference)
+        try:
+            fast = make(tok.tokenizer_json(), tok.reference)
+        except FastEncoderError as exc:  # dtok serves the file without this encoder
+            print(f"{path}: {exc}: no guard table", flush=True)
+            continue
         previous = None
         if args.reuse_code_points:
             for schema in range(guards.SCHEMA, 0, -1):

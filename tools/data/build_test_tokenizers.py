@@ -24,6 +24,9 @@ Reads the real files from ``../shared`` (or ``$DTOK_SHARED`` / ``--shared``) and
    vocabulary at their old offsets). The post-processor's and ``tokenizer_config.json``'s ids
    are renumbered to match; the config loses its chat template. ``--only NAME ...``: only the
    small files of these real names (and the corpus, their training text; not gpt-oss's copy).
+   The real files of ``MADE`` are not in ``../shared``; they are made here from their primary
+   sources: ``tekken``, mistral-common's Tekken file converted by ``transformers`` (both must be
+   installed); ``kimi``, the pipeline toktier's conversion writes for Kimi.
 4. ``--guards``: the fast encoder's guard tables for the small files, into ``dtok/data/guards``
    (``tools/data/build_guards.py``; minutes per file). Needed again whenever a small file's bytes
    change, because guard tables are keyed by the file's SHA-256.
@@ -79,8 +82,17 @@ TINY = {
     "deepseek-v3": ("deepseek_v3", 4096),
     "gpt-oss": ("o200k", 4096),
     "qwen3.5": ("qwen35", 4096),
+    "tekken": ("tekken", 4096),
+    "kimi": ("kimi", 4096),
 }
 GPT_OSS_SHA256 = "0614fe83cadab421296e664e1f48f4261fa8fef6e03e63bb75c20f38e37d07d3"
+# mistral-common 1.13.1's data/tekken_240911.json, the Tekken file the "tekken" pipeline is
+# converted from
+TEKKEN_JSON = "tekken_240911.json"
+TEKKEN_SHA256 = "1948e2d48b0e7377f1bb5f1210f1ae5f984934e75713fc07e2452729b8365316"
+KIMI_RESERVED_TOKENS = 256  # the ids toktier's converter adds above Kimi's ranks
+# real files that ../shared does not hold: made by real_file from their primary sources
+MADE = ("tekken", "kimi")
 
 
 def corpus_file(data: Path, folder: str, name: str) -> Path:
@@ -168,11 +180,102 @@ def train_vocab(spec: dict, vocab_size: int, in_vocab: list[str], texts: list[st
     return {"vocab": trained["vocab"], "merges": trained["merges"]}
 
 
-def small_tokenizer(real: Path, texts: list[str], vocab_size: int) -> tuple[str, dict | None]:
+def shared_file(real: Path) -> tuple[dict, dict | None]:
+    """A real file of ../shared: its tokenizer.json and tokenizer_config.json (or None)."""
+    spec = json.loads((real / "tokenizer.json").read_bytes())
+    config = None
+    if (real / "tokenizer_config.json").is_file():
+        config = json.loads((real / "tokenizer_config.json").read_bytes())
+    return spec, config
+
+
+def missing_source(name: str) -> str | None:
+    """Why the real file ``name`` cannot be made here (None when it can)."""
+    import importlib.util
+
+    if name == "tekken" and not all(importlib.util.find_spec(m)
+                                    for m in ("mistral_common", "transformers")):
+        return "the tekken file needs mistral-common and transformers installed"
+    return None
+
+
+def tekken_file() -> tuple[dict, None]:
+    """Mistral's Tekken file as ``transformers`` converts it (the way Ministral-3's
+    tokenizer.json is made), from the installed mistral-common (the converter also reads its
+    default control tokens there)."""
+    import importlib.util
+    import tempfile
+
+    missing = missing_source("tekken")
+    if missing:
+        sys.exit(missing)
+    spec = importlib.util.find_spec("mistral_common")
+    raw = (Path(spec.origin).parent / "data" / TEKKEN_JSON).read_bytes()
+    if hashlib.sha256(raw).hexdigest() != TEKKEN_SHA256:
+        sys.exit(f"mistral-common's {TEKKEN_JSON} is not 1.13.1's (sha256 {TEKKEN_SHA256})")
+    from transformers.integrations.mistral.tokenizer import MistralConverter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / TEKKEN_JSON  # the converter reads a file by name
+        path.write_bytes(raw)
+        converted = MistralConverter(str(path)).converted()
+    return json.loads(converted.to_str()), None
+
+
+def kimi_file() -> tuple[dict, None]:
+    """Kimi's pipeline as toktier 0.3.0 converts Kimi's tiktoken files
+    (``toktier/artifacts/conversion.py``): no normalizer, the family's pattern in one isolated
+    Split, byte-level BPE with ``ignore_merges``, byte-level post-processor and decoder. Its
+    vocabulary is the 256 byte symbols (the trainer makes the small one) and its added tokens
+    the reserved ids above it, spelled as toktier spells the ids Kimi's configuration does not
+    name (the named ones are not at hand), with the ids they get in the small file."""
+    sys.path.insert(0, str(ROOT))
+    from tokenizers import pre_tokenizers
+
+    from dtok.families import FAMILIES
+
+    (pattern,) = FAMILIES["kimi"].splits
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    size = TINY["kimi"][1]
+    spec = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [
+            {"id": len(alphabet) + i, "content": f"<|reserved_token_{size + i}|>",
+             "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+             "special": True}
+            for i in range(KIMI_RESERVED_TOKENS)],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated",
+             "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+             "use_regex": False}]},
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": True,
+                           "trim_offsets": False, "use_regex": True},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                    "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
+                  "vocab": {ch: i for i, ch in enumerate(alphabet)}, "merges": []},
+    }
+    return spec, None
+
+
+def real_file(shared: Path, name: str) -> tuple[dict, dict | None]:
+    """The real file a small one is made from: from ../shared, or made here (``MADE``)."""
+    if name == "tekken":
+        return tekken_file()
+    if name == "kimi":
+        return kimi_file()
+    return shared_file(shared / "tokenizers" / name)
+
+
+def small_tokenizer(spec: dict, config: dict | None, texts: list[str], vocab_size: int
+                    ) -> tuple[str, dict | None]:
     """The small file's tokenizer.json text and tokenizer_config.json (or None)."""
     from tokenizers import Tokenizer
 
-    spec = json.loads((real / "tokenizer.json").read_bytes())
     in_vocab = [t["content"] for t in sorted(spec["added_tokens"], key=lambda t: t["id"])
                 if spec["model"]["vocab"].get(t["content"]) == t["id"]]
     trained = train_vocab(spec, vocab_size, in_vocab, texts)
@@ -183,9 +286,8 @@ def small_tokenizer(real: Path, texts: list[str], vocab_size: int) -> tuple[str,
     out["added_tokens"] = [dict(t, id=ids[t["id"]]) for t in spec["added_tokens"]]
     out["post_processor"] = _renumber_post_processor(spec["post_processor"], ids)
     text = Tokenizer.from_str(json.dumps(out)).to_str(pretty=True)
-    config = None
-    if (real / "tokenizer_config.json").is_file():
-        config = json.loads((real / "tokenizer_config.json").read_bytes())
+    if config is not None:
+        config = dict(config)
         config.pop("chat_template", None)  # not the tests' business, and not ours to copy
         if "added_tokens_decoder" in config:
             config["added_tokens_decoder"] = {
@@ -208,7 +310,7 @@ def build_tiny(shared: Path, data: Path, names: list[str]) -> list[Path]:
     made = []
     for name in names:
         family, vocab_size = TINY[name]
-        text, config = small_tokenizer(shared / "tokenizers" / name, texts, vocab_size)
+        text, config = small_tokenizer(*real_file(shared, name), texts, vocab_size)
         out = data / "tokenizers" / f"{name}-tiny"
         write_bytes(out / "tokenizer.json", text.encode("utf-8"))
         if config is not None:
@@ -245,7 +347,12 @@ def main() -> None:
     copy_corpus(args.shared, args.out)
     if not args.only:
         copy_gpt_oss(args.shared, args.out)
-    made = build_tiny(args.shared, args.out, args.only or list(TINY))
+    names = args.only or list(TINY)
+    if not args.only:  # all of them: the ones whose source is missing are left as they are
+        for name in [n for n in names if missing_source(n)]:
+            print(f"{name}-tiny: not rebuilt ({missing_source(name)})")
+            names.remove(name)
+    made = build_tiny(args.shared, args.out, names)
     if args.guards:
         subprocess.run([sys.executable, str(ROOT / "tools" / "data" / "build_guards.py"),
                         *map(str, made)], check=True)

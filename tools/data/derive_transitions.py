@@ -10,7 +10,7 @@ when no context splits differently with a cut between the two characters
 families with at most 20 classes). The families named (default: all) are derived again; the
 others keep what the package's ``_transitions.py`` holds. ``--out`` writes elsewhere (the recipe's
 test compares that file with the package's). About a minute for qwen2, llama3 or deepseek_v3 and
-ten for o200k on two cores.
+ten for o200k (fifteen for kimi) on two cores.
 """
 import argparse
 import ast
