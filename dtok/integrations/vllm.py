@@ -5,7 +5,8 @@ Opt in with ``DTOK_VLLM=1`` in the server's environment: dtok is a vLLM general 
 builds the renderer; :func:`register` then patches the classes below. Without ``DTOK_VLLM=1``
 it does nothing. For a process that does not load plugins, call :func:`install` first.
 
-Hooks (names of vLLM 0.33; missing ones are skipped with a warning):
+Hooks (names and signatures the same in vLLM 0.33 and 0.34; missing ones are skipped with a
+warning):
 
 * ``BaseRenderer._tokenize_prompt`` (around): the one place the renderer turns a text prompt
   into IDs, for completions and rendered chat alike (``HfRenderer`` inherits it). A ``str``

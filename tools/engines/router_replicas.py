@@ -3,20 +3,22 @@
     python tools/engines/router_replicas.py [--tokenizer qwen3] [--sessions 9] [--turns 12]
                                             [--policies consistent_hash round_robin] [--no-body-key]
 
-Runs in tools/engines/vllm_check.py's cached venv (plus ``vllm-router`` from PyPI). For each router
-policy: two ``vllm launch render`` replicas (GPU-less render servers, dtok's plugin on with
-``DTOK_VLLM=1``, built from the model's tokenizer.json, each writing its dtok report at exit
-through ``DTOK_STATS_FILE``), and ``vllm-router --policy POLICY`` in front of them. Agent
-sessions are replayed turn by turn, interleaved, through the router's
-``/v1/completions/render`` with an ``X-Session-ID`` header (which the router hashes) and,
-unless ``--no-body-key``, the same key as the body's ``session_id`` (vllm-router 0.1.17
-forwards client headers on its OpenAI routes but not on ``/tokenize`` or the render paths it
-proxies; without a key the replicas find each session by content lookup). Every answer is
-compared with the reference ``tokenizers`` library on the same file. Prints per replica:
-requests, keyed requests, full encodes, repairs, stored sessions and bytes; and the turn
-latency through the router. ``consistent_hash`` pins a session to one replica;
-``round_robin`` spreads its turns, so each replica pays a full encode per session and stores
-it.
+Runs in tools/engines/vllm_check.py's cached venv of vLLM 0.33.0 (plus ``vllm-router`` from
+PyPI): vLLM 0.34's ``vllm launch render`` does not start on an x86 CPU without triton-cpu (its
+CPU platform raises ``vLLM on x86 CPUs requires Triton (triton-cpu)``; triton-cpu is not on
+PyPI), and these replicas are real processes (vllm_check.py runs 0.34's render server in
+process). For each router policy: two ``vllm launch render`` replicas (GPU-less render servers,
+dtok's plugin on with ``DTOK_VLLM=1``, built from the model's tokenizer.json, each writing its
+dtok report at exit through ``DTOK_STATS_FILE``), and ``vllm-router --policy POLICY`` in front
+of them. Agent sessions are replayed turn by turn, interleaved, through the router's
+``/v1/completions/render`` with an ``X-Session-ID`` header (which the router hashes) and, unless
+``--no-body-key``, the same key as the body's ``session_id`` (vllm-router 0.1.17 forwards client
+headers on its OpenAI routes but not on ``/tokenize`` or the render paths it proxies; without a
+key the replicas find each session by content lookup). Every answer is compared with the
+reference ``tokenizers`` library on the same file. Prints per replica: requests, keyed requests,
+full encodes, repairs, stored sessions and bytes; and the turn latency through the router.
+``consistent_hash`` pins a session to one replica; ``round_robin`` spreads its turns, so each
+replica pays a full encode per session and stores it.
 
 The last line is ``N requests, M mismatches``; exit status 1 on a mismatch, 2 when the venv,
 the replicas or the router cannot start.
@@ -38,12 +40,13 @@ import engine_setup  # tools/engines/engine_setup.py (this script's directory is
 import vllm_check
 
 ROUTER = "vllm-router==0.1.17"
+VLLM_VERSION = "0.33.0"  # the newest whose `vllm launch render` starts on this CPU (see above)
 
 
 def outer(args) -> int:
     try:
-        py = engine_setup.ensure(vllm_check.VENV_NAME, f"vllm=={vllm_check.VLLM_VERSION}",
-                                vllm_check.DEPS)
+        py = engine_setup.ensure(vllm_check.venv_name(VLLM_VERSION), f"vllm=={VLLM_VERSION}",
+                                vllm_check.deps(VLLM_VERSION))
         if subprocess.run([str(py), "-c", "import vllm_router.router"],
                           capture_output=True).returncode != 0:
             subprocess.run([str(py), "-m", "pip", "install", "-q", ROUTER], check=True)

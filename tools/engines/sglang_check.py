@@ -37,13 +37,14 @@ ROOT = Path(__file__).resolve().parents[2]
 SGLANG_VERSION = "0.5.23"
 VENV_NAME = f"sglang-{SGLANG_VERSION}-venv"
 # What SGLang's tokenizer manager and OpenAI chat server import on a CPU (SGLang 0.5.23's
-# requirements without GPU kernels; torchvision is a stub, see tools/engines/engine_setup.py).
+# requirements without GPU kernels; torchvision is a stub, see tools/engines/engine_setup.py),
+# with the tokenizer libraries at SGLang's own pins (tokenizers==0.23.2, transformers==5.19.0).
 DEPS = [
     "aiohttp", "anthropic>=0.20.0", "fastapi", "msgspec", "numpy", "openai==2.8.0",
     "openai-harmony==0.0.4", "orjson", "packaging", "partial_json_parser", "pillow",
     "prometheus-client>=0.20.0", "psutil", "pybase64", "pydantic", "python-multipart",
     "pyzmq>=25.1.2", "regex", "requests", "setproctitle", "sentencepiece==0.2.1", "tiktoken",
-    "tokenizers==0.23.2", "transformers", "uvicorn", "uvloop", "interegular",
+    "tokenizers==0.23.2", "transformers==5.19.0", "uvicorn", "uvloop", "interegular",
     "llguidance>=1.7.6,<2.0.0", "einops", "scipy", "distro", "easydict", "blobfile==3.0.0",
     "httpx", "triton", "IPython", "jsonschema", "dill", "apache-tvm-ffi==0.1.11",
     "compressed-tensors", "gguf", "xgrammar",

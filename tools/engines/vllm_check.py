@@ -2,18 +2,22 @@
 
 Run from the repository root with any Python 3.10+:
 
-    python tools/engines/vllm_check.py [qwen3 llama3 deepseek-v3 gpt-oss] [--pool N] [--rebuild]
+    python tools/engines/vllm_check.py [qwen3 llama3 deepseek-v3 gpt-oss] [--pool N]
+        [--vllm 0.34.0|0.33.0] [--rebuild]
 
 The outer run (standard library only) builds or reuses a virtualenv outside the repository
 (``~/.cache/dtok/vllm-<version>-venv``, see tools/engines/engine_setup.py) holding this checkout
-(editable) and the real vLLM from PyPI: ``torch==2.13.0`` (a CPU build on this machine), vLLM
-with ``--no-deps``, and what its render path imports. Then it runs itself inside that venv:
+(editable) and the real vLLM from PyPI (0.34.0, or the release ``--vllm`` names):
+``torch==2.13.0`` (a CPU build on this machine), vLLM with ``--no-deps``, and what its render
+path imports. Then it runs itself inside that venv:
 
 * vLLM's own plugin loader (``load_general_plugins``, group ``vllm.general_plugins``, switched
   on by ``DTOK_VLLM=1``) loads dtok's hooks;
 * per tokenizer file (``../shared/tokenizers`` or ``$DTOK_SHARED``), a weightless model
   directory and vLLM's render server app (``vllm launch render``: the renderer, OpenAI
-  request parsing, chat templates), driven over HTTP in process (httpx ASGI transport);
+  request parsing, chat templates), driven over HTTP in process (httpx ASGI transport); on
+  vLLM 0.34, whose CPU platform refuses an x86 CPU without triton-cpu, the server's config is
+  built as for a CPU with Triton (``_cpu_platform_without_triton``: no model runner starts);
 * every request is sent twice, with dtok on and with dtok off (``HOOK.enabled = False``: vLLM's
   own tokenization), and the two JSON answers (IDs, computed ``max_tokens``, errors) must be
   equal: completions of corpus texts with and without a session key; chat requests growing
@@ -41,23 +45,40 @@ import engine_setup  # tools/engines/engine_setup.py (this script's directory is
 from engine_setup import FALLBACK_TEMPLATE, MODELS, SHARED, corpus, model_dir  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
-VLLM_VERSION = "0.33.0"
-VENV_NAME = f"vllm-{VLLM_VERSION}-venv"
-# What vLLM's render server imports, from vLLM 0.33.0's requirements (GPU kernels left out;
-# vLLM pins torch 2.14.0, a CUDA build; the render path runs on the CPU torch 2.13.0 and does
-# not use vLLM's compiled ops).
-DEPS = [
+VLLM_VERSION = "0.34.0"  # the default; ``--vllm 0.33.0`` checks the previous release
+VERSIONS = ("0.34.0", "0.33.0")
+# What vLLM's render server imports, from vLLM's requirements (GPU kernels left out; vLLM pins
+# torch 2.14.0, a CUDA build; the render path runs on the CPU torch 2.13.0 and does not use
+# vLLM's compiled ops). The pins that differ between the releases checked:
+_PINS = {
+    "0.33.0": ["transformers>=5.16.1,<5.21.0", "huggingface_hub>=1.31.0", "tokenizers>=0.23.2",
+               "filelock>=3.20.3"],
+    "0.34.0": ["transformers>=5.16.1,<5.23.0", "huggingface_hub>=2.0.0", "tokenizers>=0.23.3",
+               "filelock>=4.2.4"],
+}
+_COMMON = [
     "regex", "cachetools", "psutil", "sentencepiece", "numpy", "requests", "tqdm", "blake3",
-    "py-cpuinfo", "transformers>=5.16.1,<5.21.0", "huggingface_hub>=1.31.0", "tokenizers>=0.23.2",
-    "safetensors>=0.6.2", "protobuf", "fastapi[standard]>=0.133.0,<0.137.0", "starlette>=1.0.1",
-    "aiohttp>=3.14.4", "openai>=2.25.0", "pydantic>=2.12.0", "orjson>=3.11.6",
+    "py-cpuinfo", "safetensors>=0.6.2", "protobuf", "fastapi[standard]>=0.133.0,<0.137.0",
+    "starlette>=1.0.1", "aiohttp>=3.14.4", "openai>=2.25.0", "pydantic>=2.12.0", "orjson>=3.11.6",
     "prometheus_client>=0.18.0", "pillow", "prometheus-fastapi-instrumentator>=8.0.0",
-    "tiktoken>=0.6.0", "typing_extensions>=4.10", "filelock>=3.20.3", "partial-json-parser",
+    "tiktoken>=0.6.0", "typing_extensions>=4.10", "partial-json-parser",
     "jsonschema>=4.23.0", "pyzmq>=25.0.0", "msgspec", "pyyaml", "einops", "cloudpickle",
     "watchfiles", "python-json-logger", "pybase64", "cbor2", "ijson", "setproctitle",
     "anthropic>=0.71.0", "oss-harmony>=0.0.11", "xgrammar==0.2.8", "llguidance>=1.7.0,<1.8.0",
     "model-hosting-container-standards>=0.1.14,<1.0.0", "httpx",
 ]
+
+
+def venv_name(version: str = VLLM_VERSION) -> str:
+    return f"vllm-{version}-venv"
+
+
+def deps(version: str = VLLM_VERSION) -> list[str]:
+    return [*_COMMON, *_PINS[version]]
+
+
+VENV_NAME = venv_name()
+DEPS = deps()
 ENV = {"DTOK_VLLM": "1", "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
@@ -67,8 +88,8 @@ ENV = {"DTOK_VLLM": "1", "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
 def outer(args) -> int:
     """Build or reuse the venv, then run this script inside it."""
     try:
-        py = engine_setup.ensure(VENV_NAME, f"vllm=={VLLM_VERSION}", DEPS, python=args.python,
-                                rebuild=args.rebuild)
+        py = engine_setup.ensure(venv_name(args.vllm), f"vllm=={args.vllm}", deps(args.vllm),
+                                python=args.python, rebuild=args.rebuild)
     except (OSError, subprocess.CalledProcessError) as exc:
         print(f"cannot build the vLLM venv: {exc}")
         return 2
@@ -97,12 +118,47 @@ async def render_app(path: Path, *extra: str):
     engine_args = AsyncEngineArgs.from_cli_args(args)
     model_config = engine_args.create_model_config()
     model_config.quantization = None
-    config = VllmConfig(model_config=model_config,
-                        logging_config=engine_args.create_logging_config(),
-                        structured_outputs_config=engine_args.create_structured_outputs_config())
+    with _cpu_platform_without_triton():
+        config = VllmConfig(
+            model_config=model_config, logging_config=engine_args.create_logging_config(),
+            structured_outputs_config=engine_args.create_structured_outputs_config())
     app = build_app(args, ("render",))
     await init_render_app_state(config, app.state, args)
     return app
+
+
+@contextlib.contextmanager
+def _cpu_platform_without_triton():
+    """Build the render server's config on an x86 CPU that has no Triton.
+
+    From vLLM 0.34 ``CpuPlatform.check_and_update_config`` (run by ``VllmConfig``) raises
+    ``RuntimeError: vLLM on x86 CPUs requires Triton (triton-cpu)`` where ``HAS_TRITON`` is
+    false: the CPU *model runner* compiles Triton kernels, and triton-cpu is built from source
+    (vLLM's CPU image), not on PyPI. ``vllm launch render`` builds the same config (its
+    ``run_launch_fastapi``) and starts no model runner. So, for the config's construction only,
+    the platform reads ``vllm.triton_utils.HAS_TRITON`` as true; on x86 that flag decides nothing
+    else there (``uses_standalone_cpu_model_runner`` is false on x86 either way), and it is put
+    back before any request. Everything that renders and tokenizes is vLLM's own code, unchanged.
+    A vLLM whose platform does not raise there (0.33 warns), another platform or a venv with
+    triton-cpu: nothing is changed."""
+    import inspect
+
+    import vllm.triton_utils as tu
+    from vllm.platforms import current_platform
+
+    check = getattr(current_platform, "check_and_update_config", None)
+    if tu.HAS_TRITON or not current_platform.is_cpu() or check is None \
+            or "requires Triton" not in inspect.getsource(check):
+        yield
+        return
+    print("  (vLLM's CPU platform requires Triton for its model runner: the render server's "
+          "config is built with HAS_TRITON read as true, see _cpu_platform_without_triton)",
+          flush=True)
+    tu.HAS_TRITON = True
+    try:
+        yield
+    finally:
+        tu.HAS_TRITON = False
 
 
 def transcript_messages(target_chars: int = 200_000) -> list[dict]:
@@ -348,6 +404,8 @@ def main(argv=None) -> int:
                    help="only the control: dtok's special-token guard off must show mismatches")
     p.add_argument("--live", action="store_true",
                    help="build dtok from the live backend even where it equals the file")
+    p.add_argument("--vllm", default=VLLM_VERSION, choices=VERSIONS,
+                   help=f"the vLLM release to check (default {VLLM_VERSION})")
     p.add_argument("--rebuild", action="store_true", help="rebuild the venv from scratch")
     p.add_argument("--python", default=sys.executable, help="interpreter for a new venv")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
