@@ -301,7 +301,7 @@ def main() -> None:
 
     with dtok.Pool(tok, workers=2, name="bench") as pool:
         print(f"# pool: {pool.n_workers} workers, encoder {pool.encoder_name}, "
-              f"spin_us {pool.spin_us}, in process: {tok.encoder.name}")
+              f"spin_us {pool.knobs['spin_us']}, in process: {tok.encoder.name}")
         if args.patterns:
             return patterns_pool(args, info, tok, pool, src, check, bad)
         print(f"# results: {args.hold}, caller: {args.caller}")

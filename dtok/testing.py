@@ -21,6 +21,15 @@ from typing import Callable, Iterator
 #: result already taken); called with the entry (:mod:`dtok.sessions`).
 AFTER_PUBLISH = "after_publish"
 
+#: A pool encodes a request in its own process (failover, or no worker); called with the text,
+#: on the thread that encodes it (:mod:`dtok.pool.failover`).
+IN_PROCESS_ENCODE = "in_process_encode"
+
+#: A pool is about to start its zygote; called with the configuration it sends, which the
+#: function may change (:mod:`dtok.pool.api`; the zygote's own test hooks, such as
+#: ``_hang_starts``: {worker index: starts that never come up}).
+ZYGOTE_CONFIG = "zygote_config"
+
 _installed: dict[str, Callable] = {}
 
 

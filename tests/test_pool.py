@@ -379,7 +379,7 @@ def test_pool_knobs_left_unset_are_the_tokenizers():
                                               max_chunks=3, max_sessions=7, session_bytes=1 << 20)
     with Pool(tok, workers=2, name="knobs") as pool:
         assert (pool.chunk_threshold, pool.chunk_target, pool.max_chunks) == (50_000, 20_000, 3)
-        assert (pool.sessions.max_sessions, pool.sessions.session_bytes) == (7, 1 << 20)
+        assert (pool.knobs["max_sessions"], pool.knobs["session_bytes"]) == (7, 1 << 20)
         text = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:60_000]
         assert list(pool.encode(text)) == ref_ids(tok, text)
         assert pool.stats()["chunked"] == 1  # 60,000 >= 50,000 (the global default: 131,072)

@@ -19,6 +19,7 @@ import pytest
 
 import dtok
 from conftest import ROOT, load_tokenizer, read_text, ref_ids, ref_ids_many, shared_path
+from dtok import testing
 from dtok.admission import TokenizerFiles
 from dtok.chat import reasoning_chat, render_reasoning
 from dtok.cli import demo_text
@@ -55,11 +56,11 @@ def test_zygote_forks_with_no_other_thread():
         assert len(os.listdir(f"/proc/{pool.zygote_pid}/task")) == 1
 
 
-def test_a_worker_that_never_comes_up_is_replaced_within_seconds(monkeypatch):
-    monkeypatch.setattr(Pool, "_test_config", {"_hang_starts": {"1": 1}})
+def test_a_worker_that_never_comes_up_is_replaced_within_seconds():
     t0 = time.monotonic()
-    with Pool(load_tokenizer("llama3"), workers=2, name="hang", worker_start_timeout=2.0,
-              start_timeout=60) as pool:
+    with testing.hooked(testing.ZYGOTE_CONFIG, lambda c: c.update(_hang_starts={"1": 1})), \
+            Pool(load_tokenizer("llama3"), workers=2, name="hang", worker_start_timeout=2.0,
+                 start_timeout=60) as pool:
         started = time.monotonic() - t0
         s = pool.stats()
         assert all(w["alive"] for w in s["workers"]) and s["replacements"] == 1, s
@@ -304,19 +305,14 @@ def test_encode_async_never_encodes_on_the_event_loop_thread():
         os.kill(pool.zygote_pid, signal.SIGKILL)  # the zygote and its workers are gone
         assert wait_until(lambda: not any(w["alive"] for w in pool.stats()["workers"]), 20)
         threads = []
-        encode_here = pool.in_process_route.encode
-
-        def spy(text, special):
-            threads.append(threading.get_ident())
-            return encode_here(text, special)
-
-        pool.in_process_route.encode = spy
         text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:50_000]
 
         async def main():
             return threading.get_ident(), await pool.encode_async(text, session="s")
 
-        loop_thread, ids = asyncio.run(main())
+        with testing.hooked(testing.IN_PROCESS_ENCODE,
+                            lambda _text: threads.append(threading.get_ident())):
+            loop_thread, ids = asyncio.run(main())
         assert list(ids) == ref_ids(tok, text)
         assert threads and loop_thread not in threads
         assert pool.stats()["in_process"] >= 1

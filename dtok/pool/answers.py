@@ -23,14 +23,14 @@ class Answers:
         """Answer ``req`` with ``value`` (IDs); a list it asked for, later if it must be built."""
         if self.trace is not None:
             self.trace.append((req.kind, *req.times))
-        if req.want_list and not isinstance(value, list):
+        if req.as_list and not isinstance(value, list):
             self._finishing.append((req, value))  # a whole text's list: built outside the lock
         elif not req.future.done():
             req.future.set_result(value)
 
     def resolve_session(self, req: Request, pool_session: PoolSession, keep: int) -> None:
         """Answer ``req`` with its session's IDs (``keep``: the leading IDs left unchanged)."""
-        if req.want_list:
+        if req.as_list:
             self.resolve(req, self._sessions.as_list(pool_session, req.add_special, keep))
         else:
             self.resolve(req, self._sessions.view(pool_session, req.add_special, keep))

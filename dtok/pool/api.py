@@ -52,6 +52,7 @@ from dtok.pool.stats import snapshot
 from dtok.pool.supervision import Supervisor, Timeouts
 from dtok.pool.zygote_client import Resources, ZygoteClient
 from dtok.sessions import LOOP_CHARS
+from dtok import testing
 from dtok.tokenizer import Tokenizer
 
 __all__ = ["Pool", "PoolError", "AGING"]
@@ -98,8 +99,6 @@ class Pool:
     True
     """
 
-    _test_config: dict = {}  # private test hooks passed to the zygote
-
     def __init__(self, tokenizer_or_path: Tokenizer | str | os.PathLike | None = None, *,
                  workers: int | None = None, order: str = "sjf",
                  chunk_threshold: int | None = None, chunk_target: int | None = None,
@@ -122,24 +121,24 @@ class Pool:
         self.name = name or f"pool{os.getpid()}"
         self.chunk_threshold, self.chunk_target, self.max_chunks = (
             knobs["chunk_threshold"], knobs["chunk_target"], knobs["max_chunks"])
-        self.start_timeout = float(start_timeout)
-        self.worker_start_timeout = float(worker_start_timeout)
-        self.spin_us, self.worker_nice = spin_us, worker_nice
-        self.chunks_per_worker, self.stateless_queue = chunks_per_worker, stateless_queue
-        self.estimator = Estimator(order, aging)
+        # the tokenizer's knobs as the pool uses them, and its own (request_timeout: a property)
+        self.knobs = {**knobs, "workers": self.n_workers, "order": order, "aging": aging,
+                      "shm_bytes": shm_bytes, "chunks_per_worker": chunks_per_worker,
+                      "stateless_queue": stateless_queue, "start_timeout": float(start_timeout),
+                      "worker_start_timeout": float(worker_start_timeout), "spin_us": spin_us,
+                      "worker_nice": worker_nice}
+        self._estimator = Estimator(order, aging)
         self.prefix = shm.new_prefix()
         self._budget = shm.Budget(_shm_limit(shm_bytes))
         routes = Routes(self.chunk_threshold, self.chunk_target, self.max_chunks,
                         chunks_per_worker, stateless_queue, knobs["content_lookup"],
                         knobs["lookup_entries"])
         self._state = PoolState(
-            self.tokenizer.planning, self.estimator,
-            Queues(self.estimator, self.n_workers, time.monotonic()),
+            self.tokenizer.planning, self._estimator,
+            Queues(self._estimator, self.n_workers, time.monotonic()),
             SessionTable(self.prefix, self._budget, a.prefix, a.suffix, knobs["max_sessions"],
                          knobs["session_bytes"]),
             routes, (a.prefix, a.suffix), float(request_timeout))
-        self.sessions, self.queues, self.index = (
-            self._state.sessions, self._state.queues, self._state.index)
         self._res = Resources(self.prefix)
         self._finalizer = weakref.finalize(self, self._res.release)
         self._assemble()
@@ -158,8 +157,7 @@ class Pool:
         part made later goes through a closure over it."""
         state = self._state
         self._answers = answers = Answers(state.sessions)
-        self.in_process_route = InProcessRoute(self.tokenizer)  # failover
-        self._failover = failover = Failover(state, self.in_process_route, answers,
+        self._failover = failover = Failover(state, InProcessRoute(self.tokenizer), answers,
                                              resume=lambda s: flow.start_next(s))
         flow = SessionFlow(state, answers, failover, push_task=lambda t: routing.push_task(t))
         self._dispatch = dispatch = Dispatch(state, flow, failover, answers,
@@ -167,7 +165,8 @@ class Pool:
         self._routing = routing = Routing(state, flow, failover, dispatch.assign)
         self._loop_face = LoopFace(state, routing, flow, dispatch.assign)
         self._supervisor = supervisor = Supervisor(
-            state, self._res, Timeouts(self.start_timeout, self.worker_start_timeout),
+            state, self._res, Timeouts(self.knobs["start_timeout"],
+                                       self.knobs["worker_start_timeout"]),
             dispatch, routing, flow, failover, answers)
 
     def _zygote_config(self, worker_knobs: dict) -> dict:
@@ -177,10 +176,12 @@ class Pool:
                  "chunk_threshold": self.chunk_threshold, "chunk_target": self.chunk_target,
                  "max_chunks": self.max_chunks,
                  "scan_budget": list(self.tokenizer.knobs["scan_budget"])}
-        return {"prefix": self.prefix, "name": self.name, "path": str(files.path),
-                "config": files.config, "sha256": self.tokenizer.admission.sha256,
-                "knobs": knobs, "spin_us": self.spin_us, "worker_nice": self.worker_nice,
-                **self._test_config}
+        config = {"prefix": self.prefix, "name": self.name, "path": str(files.path),
+                  "config": files.config, "sha256": self.tokenizer.admission.sha256,
+                  "knobs": knobs, "spin_us": self.knobs["spin_us"],
+                  "worker_nice": self.knobs["worker_nice"]}
+        testing.run_hook(testing.ZYGOTE_CONFIG, config)
+        return config
 
     # --- public API -------------------------------------------------------------------------
 
@@ -234,8 +235,9 @@ class Pool:
     def stats(self) -> dict[str, Any]:
         """Workers (pid, alive, starting, busy, tasks done, PSS), queues, counters, estimates,
         shared memory in use; the workers' encoder, the guard probes of a file that had no
-        table (``probes``) and the workers still to renew onto the fast encoder once it came. The PSS figures are read from ``/proc`` (the kernel walks each
-        process's pages; docs/pool.md), so a serving process calls this off its event loop."""
+        table (``probes``) and the workers still to renew onto the fast encoder once it came.
+        The PSS figures are read from ``/proc`` (the kernel walks each process's pages;
+        docs/pool.md), so a serving process calls this off its event loop."""
         header = {"name": self.name, "prefix": self.prefix, "encoder": self.encoder_name,
                   "probes": self.tokenizer.probes(),
                   "workers_to_renew": self._supervisor.renewals_pending}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from array import array
 
-from dtok.pool import protocol as P
+from dtok.pool import protocol
 from dtok.pool import shm
 from dtok_ext.shm import CONTROL_SIZE, Control, read_ids, str_nbytes, write_str
 
@@ -19,17 +19,17 @@ from dtok_ext.shm import CONTROL_SIZE, Control, read_ids, str_nbytes, write_str
 class Channel:
     def __init__(self, prefix: str, index: int, budget: shm.Budget) -> None:
         self.prefix, self.index, self.budget = prefix, index, budget
-        self.ctl = shm.Segment(P.control_name(prefix, index), CONTROL_SIZE, True, budget)
+        self.ctl = shm.Segment(protocol.control_name(prefix, index), CONTROL_SIZE, True, budget)
         self.control = Control(self.ctl.map)
         self.control.clear()
-        self.req_sem = shm.semaphore(P.request_sem_name(prefix, index), create=True)
-        self.resp_sem = shm.semaphore(P.response_sem_name(prefix, index), create=True)
+        self.req_sem = shm.semaphore(protocol.request_sem_name(prefix, index), create=True)
+        self.resp_sem = shm.semaphore(protocol.response_sem_name(prefix, index), create=True)
         self.payload: shm.Segment | None = None
         self.payload_gen = 0
         self.result: shm.Segment | None = None
         self.result_gen = 0
-        self._grow("payload", P.PAYLOAD_MIN)
-        self._grow("result", P.RESULT_MIN)
+        self._grow("payload", protocol.PAYLOAD_MIN)
+        self._grow("result", protocol.RESULT_MIN)
         self.pid = 0
         self.alive = False
         self.ready_by = 0.0  # monotonic deadline for a starting worker to become ready
@@ -44,10 +44,11 @@ class Channel:
     def _grow(self, which: str, need: int) -> None:
         """A bigger payload or result segment (a new name: the worker maps it by generation)."""
         old = getattr(self, which)
-        least = P.PAYLOAD_MIN if which == "payload" else P.RESULT_MIN
+        least = protocol.PAYLOAD_MIN if which == "payload" else protocol.RESULT_MIN
         size = max(need, 2 * (old.size if old else 0), least)
         gen = getattr(self, f"{which}_gen") + 1
-        name = (P.payload_name if which == "payload" else P.result_name)(self.prefix, self.index, gen)
+        name_of = protocol.payload_name if which == "payload" else protocol.result_name
+        name = name_of(self.prefix, self.index, gen)
         seg = shm.Segment(name, size, True, self.budget)  # ShmFull: the old one stays
         if old is not None:
             old.close()
@@ -75,10 +76,10 @@ class Channel:
             off = 8 * len(drops)
         c.n_drops = len(drops)
         c.op = task.op
-        c.flags = P.FL_WAKE_CALLER if wake_caller else 0
+        c.flags = protocol.FL_WAKE_CALLER if wake_caller else 0
         c.payload_gen = self.payload_gen
         c.result_gen = self.result_gen
-        if task.op == P.OP_SESSION:
+        if task.op == protocol.OP_SESSION:
             table = task.table
             memoryview(mem)[off : off + 8 * len(table)] = table.tobytes()
             off += 8 * len(table)
@@ -103,14 +104,14 @@ class Channel:
     def report(self) -> tuple[list[tuple[int, int]], list[int]]:
         words = memoryview(self.result.map)[: 8 * self.control.report_words].cast("q")
         try:
-            return P.read_report(words)
+            return protocol.read_report(words)
         finally:
             words.release()
 
     def exit(self) -> None:
         """Ask an idle worker to exit."""
         c = self.control
-        c.op = P.OP_EXIT
+        c.op = protocol.OP_EXIT
         c.n_drops = 0
         c.flags = 0
         self._post()

@@ -11,7 +11,7 @@ from typing import Callable
 
 import posix_ipc
 
-from dtok.pool import protocol as P
+from dtok.pool import protocol
 from dtok.pool import shm
 from dtok.pool.answers import Answers
 from dtok.pool.channel import Channel, payload_bytes
@@ -47,8 +47,10 @@ class Dispatch:
                 self._send(ch, task)
 
     def _send(self, ch: Channel, task: Task) -> None:
-        result = 4 * P.max_ids(utf8_length(task.text), 0) if task.op == P.OP_ENCODE else \
-            8 * (2 * len(task.plan.ops) + len(task.plan.texts) + 4)
+        if task.op == protocol.OP_ENCODE:
+            result = 4 * protocol.max_ids(utf8_length(task.text), 0)
+        else:
+            result = 8 * (2 * len(task.plan.ops) + len(task.plan.texts) + 4)
         try:
             ch.reserve(payload_bytes(task, len(ch.drops)), result)
         except shm.ShmFull as exc:
@@ -81,13 +83,13 @@ class Dispatch:
     def _complete(self, ch: Channel, task: Task) -> None:
         c = ch.control
         status = c.status
-        if status == P.ST_ERROR:
+        if status == protocol.ST_ERROR:
             self._state.counts["errors"] += 1
             self._flow.task_dropped(task)
             self._failover.fail(task.req, Failure.WORKER_ERROR, c.error)
-        elif task.op == P.OP_ENCODE:
+        elif task.op == protocol.OP_ENCODE:
             self._complete_encode(ch, task)
-        elif status == P.ST_PLAN_FAILED:  # never expected: encode it whole
+        elif status == protocol.ST_PLAN_FAILED:  # never expected: encode it whole
             retry = self._flow.retry_whole(task, c.error)
             if retry is not None:
                 self._state.queues.push(ch.index, retry, time.monotonic())

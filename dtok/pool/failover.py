@@ -12,6 +12,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
+from dtok import testing
 from dtok.pool.answers import Answers
 from dtok.pool.records import PoolError, Request
 from dtok.pool.state import PoolState
@@ -43,6 +44,7 @@ class InProcessRoute:
 
     def encode(self, text, add_special):
         """The request's exact IDs, or the reference's own exception."""
+        testing.run_hook(testing.IN_PROCESS_ENCODE, text)
         return self.tokenizer.encode(text, add_special_tokens=add_special)
 
     def answer(self, req: Request, resolve: Callable, then: Callable, inline: bool = False) -> None:

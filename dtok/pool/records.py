@@ -20,16 +20,16 @@ class PoolError(RuntimeError):
 
 class Request:
     __slots__ = ("future", "text", "add_special", "pool_session", "kind", "parts", "pending",
-                 "failed", "want_list", "waiter", "direct", "times", "keys", "bounds")
+                 "failed", "as_list", "waiter", "direct", "times", "keys", "bounds")
 
-    def __init__(self, text, add_special, kind, want_list=False, waiter=None):
+    def __init__(self, text, add_special, kind, as_list=False, waiter=None):
         self.future: Future = Future()
         self.text, self.add_special, self.kind = text, add_special, kind
         self.pool_session: PoolSession | None = None
         self.parts: list | None = None
         self.pending = 0
         self.failed = False
-        self.want_list = want_list
+        self.as_list = as_list
         self.waiter = waiter  # thread id of a synchronous caller that may wait directly
         self.direct: list[tuple[Channel, Task]] = []  # tasks that caller waits on itself
         self.times = [time.monotonic()]  # submit, sent, picked, answered, harvested

@@ -11,7 +11,7 @@ import zlib
 from typing import Callable
 
 from dtok.chunking import chunk_count
-from dtok.pool import protocol as P
+from dtok.pool import protocol
 from dtok.pool.failover import Failover, Failure
 from dtok.pool.records import PoolError, Request, Task, key_bytes
 from dtok.pool.session_flow import SessionFlow
@@ -31,14 +31,14 @@ class Routing:
         self._state, self._flow, self._failover, self._assign = state, flow, failover, assign
         self._rr = itertools.count()
 
-    def submit(self, text, session, add_special, want_list, waiter, scope=None) -> Request:
+    def submit(self, text, session, add_special, as_list, waiter, scope=None) -> Request:
         """A request routed and queued (the workers idle take it at once); ``waiter``: the
         thread id of a synchronous caller that waits on the workers itself."""
         state = self._state
         if state.closed:
             raise PoolError("the pool is closed")
         req = Request(text, add_special, "session" if session is not None else "stateless",
-                      want_list, waiter)
+                      as_list, waiter)
         if type(text) is not str or type(add_special) is not bool or not state.channels:
             self._failover.in_process(req, inline=waiter is not None)
             return req
@@ -70,7 +70,7 @@ class Routing:
                 self._submit_chunked(req, pieces)
             else:
                 state.counts["stateless"] += 1
-                self._push_stateless(Task(P.OP_ENCODE, "stateless", req, text,
+                self._push_stateless(Task(protocol.OP_ENCODE, "stateless", req, text,
                                           state.estimator.weight(text)))
             self._assign()
         return req
@@ -125,7 +125,7 @@ class Routing:
         state.counts["chunked"] += 1
         state.counts["chunks"] += len(pieces)
         for i, piece in enumerate(pieces):
-            self._push_stateless(Task(P.OP_ENCODE, "chunk", req, piece,
+            self._push_stateless(Task(protocol.OP_ENCODE, "chunk", req, piece,
                                       state.estimator.weight(piece), index=i))
 
     # --- queues --------------------------------------------------------------------------------

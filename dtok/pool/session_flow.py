@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from dtok.pool import protocol as P
+from dtok.pool import protocol
 from dtok.pool import shm
 from dtok.pool.answers import Answers
 from dtok.pool.failover import Failover
@@ -63,13 +63,13 @@ class SessionFlow:
         fresh = sum(utf8_length(t) for t in plan.texts)
         old_n = pool_session.n_body if plan.kind != "encode" else 0
         state = self._state
-        return P.max_ids(fresh, len(state.prefix_ids) + len(state.suffix_ids)) + old_n, old_n
+        return protocol.max_ids(fresh, len(state.prefix_ids) + len(state.suffix_ids)) + old_n, old_n
 
     def session_task(self, pool_session: PoolSession, req: Request, plan) -> Task:
         """The task that writes a session's turn by ``plan`` (ShmFull: no room for it)."""
-        table, joined = P.plan_table(plan)
+        table, joined = protocol.plan_table(plan)
         bound, old_n = self._turn_bound(pool_session, plan)
-        task = Task(P.OP_SESSION, "init" if plan.kind == "encode" else "append", req, joined,
+        task = Task(protocol.OP_SESSION, "init" if plan.kind == "encode" else "append", req, joined,
                     self._state.estimator.weight(joined))
         task.plan, task.table, task.pool_session, task.old_n_body = plan, table, pool_session, old_n
         try:

@@ -17,7 +17,7 @@ from collections import OrderedDict, deque
 from typing import Hashable, NamedTuple
 
 from dtok.pieces import affixed_view
-from dtok.pool import protocol as P
+from dtok.pool import protocol
 from dtok.pool import shm
 from dtok.repair import Anchors, Plan
 from dtok.session_core import IN_PLACE, SPARE, SessionState, capacity_for
@@ -152,7 +152,7 @@ class SessionTable:
     def _new_segment(self, session: PoolSession, nbytes: int) -> shm.Segment:
         """A fresh segment for the session's next generation, pending until accepted. When
         shared memory is short, the spares of idle sessions are given back first."""
-        name = P.session_name(self.prefix, session.sid, session.last_gen + 1)
+        name = protocol.session_name(self.prefix, session.sid, session.last_gen + 1)
         try:
             seg = shm.Segment(name, nbytes, True, self.budget)
         except shm.ShmFull:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import posix_ipc
 
-from dtok.pool import protocol as P
+from dtok.pool import protocol
 from dtok.pool import shm
 from dtok.pool.answers import Answers
 from dtok.pool.channel import Channel
@@ -64,7 +64,7 @@ class Supervisor:
         state, prefix = self._state, config["prefix"]
         deadline = time.monotonic() + self.timeouts.start
         self._res.lock_fd = shm.hold_owner_lock(prefix, create=True)
-        self._done_sem = shm.semaphore(P.done_sem_name(prefix), create=True)
+        self._done_sem = shm.semaphore(protocol.done_sem_name(prefix), create=True)
         try:
             state.channels = [Channel(prefix, i, budget) for i in range(n_workers)]
         except shm.ShmFull as exc:

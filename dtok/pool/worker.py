@@ -17,7 +17,7 @@ import time
 
 from posix_ipc import BusyError
 
-from dtok.pool import protocol as P
+from dtok.pool import protocol
 from dtok.pool.shm import Segment, semaphore
 from dtok.repair import PlanFailed, execute
 from dtok_ext.shm import Control, copy_ids, read_str, write_ids
@@ -37,11 +37,11 @@ class Worker:
         self.planning = tok.planning
         self.prefix = prefix
         self.index = index
-        self.ctl_seg = Segment(P.control_name(prefix, index), 0, create=False)
+        self.ctl_seg = Segment(protocol.control_name(prefix, index), 0, create=False)
         self.control = Control(self.ctl_seg.map)
-        self.req_sem = semaphore(P.request_sem_name(prefix, index), create=False)
-        self.resp_sem = semaphore(P.response_sem_name(prefix, index), create=False)
-        self.done_sem = semaphore(P.done_sem_name(prefix), create=False)
+        self.req_sem = semaphore(protocol.request_sem_name(prefix, index), create=False)
+        self.resp_sem = semaphore(protocol.response_sem_name(prefix, index), create=False)
+        self.done_sem = semaphore(protocol.done_sem_name(prefix), create=False)
         self.payload: Segment | None = None
         self.payload_gen = -1
         self.result: Segment | None = None
@@ -51,10 +51,10 @@ class Worker:
     # --- segments -------------------------------------------------------------------------
 
     def _payload(self):
-        return self._current("payload", self.control.payload_gen, P.payload_name)
+        return self._current("payload", self.control.payload_gen, protocol.payload_name)
 
     def _result(self):
-        return self._current("result", self.control.result_gen, P.result_name)
+        return self._current("result", self.control.result_gen, protocol.result_name)
 
     def _current(self, which: str, gen: int, name_of):
         """The mapping of this worker's payload or result segment of generation ``gen`` (the
@@ -71,7 +71,7 @@ class Worker:
         have = self.segments.get(sid, {}).get(gen)
         if have is not None:
             return have
-        return Segment(P.session_name(self.prefix, sid, gen), 0, create=False)
+        return Segment(protocol.session_name(self.prefix, sid, gen), 0, create=False)
 
     def _cache(self, sid: int, keep: dict[int, Segment]) -> None:
         """Keep the mappings of a session's two latest segments (its current one and the one
@@ -120,21 +120,21 @@ class Worker:
                 status = self._do(op)
                 c.error = ""
             except PlanFailed as exc:
-                status = P.ST_PLAN_FAILED
+                status = protocol.ST_PLAN_FAILED
                 c.error = str(exc)
             except Exception as exc:  # reported to the front end, which fails over in process
-                status = P.ST_ERROR
+                status = protocol.ST_ERROR
                 c.error = f"{type(exc).__name__}: {exc}"
             c.status = status
             c.service_ms = (time.perf_counter() - t0) * 1e3
             c.tasks_done = c.tasks_done + 1
-            wake_caller = c.flags & P.FL_WAKE_CALLER
+            wake_caller = c.flags & protocol.FL_WAKE_CALLER
             c.answered_at = time.monotonic()
             self._drain_wakeups()
             c.publish_response(seq)
             (self.resp_sem if wake_caller else self.done_sem).release()
             idle_since = time.perf_counter()
-            if op == P.OP_EXIT:
+            if op == protocol.OP_EXIT:
                 return
 
     def _poll(self, last: int, seconds: float) -> int:
@@ -170,20 +170,21 @@ class Worker:
             view.release()
 
     def _do(self, op: int) -> int:
-        if op == P.OP_EXIT:
-            return P.ST_OK
+        if op == protocol.OP_EXIT:
+            return protocol.ST_OK
         c = self.control
         payload = self._payload()
         off = 8 * c.n_drops
-        if op == P.OP_ENCODE:
+        if op == protocol.OP_ENCODE:
             text = read_str(payload, off, c.kind, c.text_chars)
             (parts,) = self.planning.encode_texts([text])
             c.n_ids = write_ids(self._result(), 0, parts)
-            return P.ST_OK
-        if op == P.OP_SESSION:
+            return protocol.ST_OK
+        if op == protocol.OP_SESSION:
             words = c.plan_words
             table = memoryview(payload)[off : off + 8 * words].cast("q")
-            plan = P.read_plan(table, read_str(payload, off + 8 * words, c.kind, c.text_chars))
+            plan = protocol.read_plan(
+                table, read_str(payload, off + 8 * words, c.kind, c.text_chars))
             table.release()
             return self._session(plan)
         raise ValueError(f"unknown operation {op}")
@@ -200,10 +201,10 @@ class Worker:
         self._cache(sid, {c.seg_gen: dst} if old is None else {c.seg_gen: dst, c.old_seg_gen: old})
         c.n_ids = n_body
         c.keep = keep
-        words = P.report(outcome)
+        words = protocol.report(outcome)
         c.report_words = len(words)
         memoryview(self._result())[: 8 * len(words)] = words.tobytes()
-        return P.ST_OK
+        return protocol.ST_OK
 
 
 def write_turn(plan, planning, old_map, dst_map, n_body: int, dst_valid: int):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dtok.digests import sha256
 from dtok.encoders import FASTOKENS_CACHE_VARS
-from dtok.pool import protocol as P
+from dtok.pool import protocol
 from dtok.pool import shm
 
 
@@ -36,7 +36,7 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _ZYGOTE_MAIN = "import sys; sys.path.insert(0, sys.argv[1]); from dtok.pool.zygote import main; main()"
 
 
-class EventReader(P.PipeReader):
+class EventReader(protocol.PipeReader):
     """The zygote's events: JSON lines, with a deadline per event."""
 
     def read(self, deadline: float = float("inf")) -> dict | None:
@@ -87,7 +87,7 @@ class ZygoteClient:
     def __init__(self, res: Resources, config: dict, tokenizer_json: bytes) -> None:
         self.res = res
         config = {**config, "tokenizer_bytes": len(tokenizer_json),
-                  "done_sem": P.done_sem_name(res.prefix)}
+                  "done_sem": protocol.done_sem_name(res.prefix)}
         env = {**os.environ, **ZYGOTE_ENV}
         for var in FASTOKENS_CACHE_VARS:
             env.pop(var, None)

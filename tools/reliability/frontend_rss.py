@@ -67,7 +67,7 @@ def main() -> None:
                     filled = (now, mem["VmRSS"])
                 print(f"{now - t0:5.0f} s  RSS {mem['VmRSS']} MiB (anon {mem['RssAnon']}, shmem "
                       f"{mem['RssShmem']})  pool accounts {pool_b >> 20} MiB in "
-                      f"{len(pool.sessions)} sessions, tokenizer {tok_b >> 20} MiB in "
+                      f"{pool.stats()['sessions']} sessions, tokenizer {tok_b >> 20} MiB in "
                       f"{len(tok.sessions)}", flush=True)
         end = memory_mib()["VmRSS"]
     if filled is None:
