@@ -7,7 +7,8 @@ once a large block is freed, glibc raises its mmap threshold up to 32 MiB, and m
 process flat, for the whole process: at most two arenas, and blocks of 1 MiB or more mapped
 on their own. The engine plugins call it when they are switched on; ``DTOK_MALLOC=keep`` opts
 out, and an option the environment already sets (``MALLOC_ARENA_MAX``,
-``MALLOC_MMAP_THRESHOLD_``) is left as it is.
+``MALLOC_MMAP_THRESHOLD_``) is left as it is. :func:`release_free_heap` gives the free pages
+back where dtok knows it has just freed much (after a load, after renewed encoding threads end).
 
 >>> ARENA_MAX, MMAP_THRESHOLD
 (2, 1048576)
@@ -15,10 +16,9 @@ out, and an option the environment already sets (``MALLOC_ARENA_MAX``,
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
-__all__ = ["tune", "ARENA_MAX", "MMAP_THRESHOLD"]
+__all__ = ["tune", "release_free_heap", "ARENA_MAX", "MMAP_THRESHOLD"]
 
 ARENA_MAX = 2
 MMAP_THRESHOLD = 1 << 20
@@ -44,7 +44,18 @@ def tune() -> dict[str, int]:
     return done
 
 
+def release_free_heap() -> None:
+    """Give the free pages of every arena back to the system (glibc's ``malloc_trim(0)``;
+    nothing where the C library is not glibc)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def _mallopt():
+    import ctypes.util
+
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt

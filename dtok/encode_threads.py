@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator
 
+from dtok.allocator import release_free_heap
 from dtok_ext.cpus import current_cpu
 
 __all__ = ["EncodeThreads"]
@@ -65,11 +66,14 @@ class EncodeThreads:
         with self._lock:
             self._handed += chars
             if self.renew_chars and self._handed > self.renew_chars:
-                stop = self._stop
+                stop, old = self._stop, self._executor
                 self._handed = chars
                 self._start()
                 self.renewals += 1
                 stop()  # queued jobs still run; idle threads end now, busy ones when done
+                # what they held is free once they end; glibc keeps it unless asked
+                threading.Thread(target=_release_after, args=(old,), name="dtok-release",
+                                 daemon=True).start()
             return self._placement, self._executor
 
     def beside(self, jobs: Iterable[Callable[[], Any]], chars: int = 0) -> list[Future]:
@@ -96,6 +100,12 @@ class EncodeThreads:
     def shutdown(self, wait: bool = True) -> None:
         self._executor.shutdown(wait=wait)
         self._stop.detach()
+
+
+def _release_after(executor: ThreadPoolExecutor) -> None:
+    """Once ``executor``'s threads have ended, give the heap they freed back to the system."""
+    executor.shutdown(wait=True)
+    release_free_heap()
 
 
 class _Placement:

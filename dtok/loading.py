@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from dtok import guards, tables
+from dtok.allocator import release_free_heap
 from dtok.admission import Admission, TokenizerFiles, admit
 from dtok.encoders import (FastEncoder, FastEncoderError, GigaEncoder, JsonFile, available_cpus,
                            fastokens_version, gigatoken_version)
@@ -405,12 +406,7 @@ def _load_giga(json_file: JsonFile, reference, admission: Admission, table_sha: 
 
 
 def _release_free_heap() -> None:
-    """Give the heap that loading freed back to the system (glibc only). Parsing a tokenizer
-    file (the reference's and dtok's own parse) leaves freed heap in the process, which glibc
-    keeps unless asked (docs/benchmarks.md#a-loaded-tokenizers-memory-step-by-step)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    """Give the heap that loading freed back to the system: parsing a tokenizer file (the
+    reference's and dtok's own parse) leaves freed heap in the process, which glibc keeps
+    unless asked (docs/benchmarks.md#a-loaded-tokenizers-memory-step-by-step)."""
+    release_free_heap()
