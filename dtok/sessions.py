@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Hashable
 from dtok import testing
 from dtok.pieces import affixed_view
 from dtok.repair import Anchors, Plan, Planner, execute
+from dtok_ext.align import common_prefix
 # scoped_key: the pool imports it from here too
 from dtok.session_core import (IN_PLACE, LOOKUP_MIN_CHARS, ROUTE_COUNTERS, SPARE,  # noqa: F401
                                ContentIndex, SessionState, is_continuation, room_for,
@@ -260,36 +261,72 @@ class SessionStore:
         entry that this one replaces only if it reuses most of it; otherwise the buffer is never
         spliced in place (the stored entry keeps its IDs). ``max_chars``: None, and the entry
         untouched, where the plan would encode more than that (:meth:`PieceEncoder.work`)."""
+        old, prefix = entry.text, None
+        if old is not None and len(old) < len(text):
+            prefix = common_prefix(old, text)
+            # a pure append (a session's usual turn) takes the one-pass route; its encoding is
+            # the appended text and at most two seam scans of old text
+            if prefix == len(old) and (max_chars is None or self._pieces.work(
+                    len(text) - prefix + 2 * self.planner.knobs.scan_budget) <= max_chars):
+                try:
+                    reused = self._append(entry, text, borrowed)
+                except Exception:  # noqa: BLE001 - the stateless route decides (and raises)
+                    return self._encode_instead(entry, text, "fallbacks")
+                if reused is not None:
+                    self._count("repairs")
+                    return reused
         if max_chars is None:
-            plan = self.planner.plan(entry.text, entry.anchors, text)
-        elif entry.text is None and self._pieces.work(len(text)) > max_chars:
+            plan = self.planner.plan(old, entry.anchors, text, prefix=prefix)
+        elif old is None and self._pieces.work(len(text)) > max_chars:
             return None  # nothing stored: the whole text to encode (not even planned)
         else:
-            plan = self.planner.plan(entry.text, entry.anchors, text,
-                                     edit_budget=alignment_budget(max_chars))
+            plan = self.planner.plan(old, entry.anchors, text,
+                                     edit_budget=alignment_budget(max_chars), prefix=prefix)
             if not plan_fits(self._pieces, plan, max_chars):
                 return None
-        kind = ROUTE_COUNTERS[plan.kind]
-        reused = len(text) if plan.kind == "hit" else plan.describe()["reused_chars"]
+        reused = len(text) if plan.kind == "hit" else plan.reused_chars
         entry.unchanged = len(entry.buffers.current) if plan.kind == "hit" else 0
         if plan.kind != "hit":
-            in_place = not borrowed or is_continuation(reused, len(entry.text))
+            in_place = not borrowed or is_continuation(reused, len(old))
             try:
                 self._apply(entry, plan, text, in_place)
             except Exception:  # noqa: BLE001 - the stateless route decides (and raises)
-                # A continuation that failed (an encoder error, a failed check) is encoded whole
-                # by the stateless route: the reference's IDs, or the reference's exception.
-                if plan.kind != "encode":
-                    kind = "fallbacks"
-                reused = 0
-                # about 3 characters an ID: the room for the IDs not counted yet
-                buf = self._pieces.encode_whole(text, room_for(len(text) // 3))
-                entry.buffers.restart(buf)
-                n_body = len(buf) - len(self._pieces.prefix) - len(self._pieces.suffix)
-                entry.anchors = Anchors((0, len(text)), (0, n_body)) if text else Anchors()
-                entry.text = text
-        self._count(kind)
+                return self._encode_instead(
+                    entry, text, "fallbacks" if plan.kind != "encode" else "full_encodes")
+        self._count(ROUTE_COUNTERS[plan.kind])
         return reused
+
+    def _encode_instead(self, entry: Entry, text: str, kind: str) -> int:
+        """A continuation that failed (an encoder error, a failed check) is encoded whole by
+        the stateless route: the reference's IDs, or the reference's exception. Returns 0: no
+        characters reused."""
+        # about 3 characters an ID: the room for the IDs not counted yet
+        buf = self._pieces.encode_whole(text, room_for(len(text) // 3))
+        entry.buffers.restart(buf)
+        n_body = len(buf) - len(self._pieces.prefix) - len(self._pieces.suffix)
+        entry.anchors = Anchors((0, len(text)), (0, n_body)) if text else Anchors()
+        entry.text = text
+        entry.unchanged = 0
+        self._count(kind)
+        return 0
+
+    def _append(self, entry: Entry, text: str, borrowed: bool) -> int | None:
+        """``text`` extends the stored text: :meth:`Planner.append` (None where it finds no
+        seam: the general plan decides), its IDs spliced as :meth:`_apply` splices a plan's."""
+        b = self._pieces
+        p, s = len(b.prefix), len(b.suffix)
+        buf = entry.buffers.current
+        old_body = buf.view(p, len(buf) - s)
+        done = self.planner.append(entry.text, entry.anchors, text, b.encode_texts, old_body)
+        if done is None:
+            old_body.release()
+            return None
+        in_place = not borrowed or is_continuation(done.reused, len(entry.text))
+        total = p + done.keep + sum(map(len, done.tail)) + s
+        self._splice(entry, old_body, p + done.keep, done.tail, in_place, room_for(total))
+        entry.text, entry.anchors = text, done.anchors
+        entry.unchanged = p + done.keep
+        return done.reused
 
     def _apply(self, entry: Entry, plan: Plan, text: str, in_place: bool = True) -> None:
         b = self._pieces
