@@ -80,7 +80,7 @@ class Tokenizer:
         self.sessions = SessionStore(
             self.pieces, self.planner, max_sessions=knobs["max_sessions"],
             session_bytes=knobs["session_bytes"], lookup_entries=knobs["lookup_entries"],
-            content_lookup=knobs["content_lookup"])
+            content_lookup=knobs["content_lookup"], whole_below=knobs["session_whole_below"])
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **knobs: Any) -> "Tokenizer":
