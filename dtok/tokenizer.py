@@ -163,6 +163,10 @@ class Tokenizer:
         >>> list(literal.encode("<|im_start|>user"))
         [27, 91, 318, 4906, 91, 29, 872]
         """
+        if session is not None and scope is None and type(text) is str \
+                and type(add_special_tokens) is bool and self.rules is not None:
+            # a session's turn, the call a server makes most: straight to the store
+            return self.sessions.encode_keyed(text, session, add_special_tokens)
         return self._encode(text, session, add_special_tokens, False, scope)
 
     def encode_list(self, text: str, *, session: Hashable | None = None,
@@ -175,6 +179,9 @@ class Tokenizer:
         >>> tok.encode_list("Hello, world!")
         [9707, 11, 1879, 0]
         """
+        if session is not None and scope is None and type(text) is str \
+                and type(add_special_tokens) is bool and self.rules is not None:
+            return self.sessions.encode_keyed(text, session, add_special_tokens, True)
         return self._encode(text, session, add_special_tokens, True, scope)
 
     def try_encode_list(self, text: str, *, max_chars: int, session: Hashable | None = None,
