@@ -39,7 +39,7 @@ KNOBS: dict[str, Any] = {
     "edit_budget": 1 << 22,  # characters of alignment work an edited session may spend
     # a keyed session's text shorter than this (characters) is encoded whole, its state kept
     # for the next turn: below it a continuation's own work costs more than it saves (0: never)
-    "session_whole_below": 0,
+    "session_whole_below": 8192,
     "encoder": "auto",  # "auto" (fast where admitted and guarded), "fast", "reference"
     # the reference's switch of that name: special-token strings in the text are plain text
     # (encoded as the characters they are made of), not the special tokens' IDs

@@ -246,6 +246,9 @@ class SessionStore:
         old = entry.text if entry is not None else None
         if old is None:
             return {} if key is None else {"session": f"no stored text for this {source}"}
+        if key is not None and len(text) < self.whole_below and old != text:
+            return {"session": f"shorter than session_whole_below ({self.whole_below} "
+                               "characters): encoded whole, kept for the next turn"}
         plan = self.planner.plan(old, entry.anchors, text)
         if plan.kind == "encode":
             return {"session": f"{source}: nothing of the stored text can be reused"}

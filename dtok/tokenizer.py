@@ -154,7 +154,7 @@ class Tokenizer:
         >>> tok = Tokenizer.default()
         >>> list(tok.encode("<|im_start|>user\\nhi<|im_end|>"))
         [151644, 872, 198, 6023, 151645]
-        >>> turn1 = "<|im_start|>user\\nHello there<|im_end|>\\n"
+        >>> turn1 = "<|im_start|>user\\nHello there<|im_end|>\\n" * 300  # (shorter: encoded whole)
         >>> a = tok.encode(turn1, session="chat-1")
         >>> b = tok.encode(turn1 + "<|im_start|>assistant\\nHi!", session="chat-1")
         >>> list(b)[: len(a)] == list(a), tok.sessions.stats()["repairs"]
