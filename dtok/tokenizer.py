@@ -166,7 +166,9 @@ class Tokenizer:
         if session is not None and scope is None and type(text) is str \
                 and type(add_special_tokens) is bool and self.rules is not None:
             # a session's turn, the call a server makes most: straight to the store
-            return self.sessions.encode_keyed(text, session, add_special_tokens)
+            # (never None without max_chars: a view)
+            return self.sessions.encode_keyed(  # type: ignore[return-value]
+                text, session, add_special_tokens)
         return self._encode(text, session, add_special_tokens, False, scope)
 
     def encode_list(self, text: str, *, session: Hashable | None = None,
@@ -181,7 +183,9 @@ class Tokenizer:
         """
         if session is not None and scope is None and type(text) is str \
                 and type(add_special_tokens) is bool and self.rules is not None:
-            return self.sessions.encode_keyed(text, session, add_special_tokens, True)
+            # (never None without max_chars: the session's list)
+            return self.sessions.encode_keyed(  # type: ignore[return-value]
+                text, session, add_special_tokens, True)
         return self._encode(text, session, add_special_tokens, True, scope)
 
     def try_encode_list(self, text: str, *, max_chars: int, session: Hashable | None = None,
