@@ -43,7 +43,9 @@ fastokens or fastokens+seg.
 ``--breakdown``: the stages of one turn inside dtok (``tok.encode(text, session=key)``), timed
 with ``time.perf_counter`` wrappers around the pieces the session store calls: ``compare``
 (``common_prefix`` of the stored and the new text), ``plan`` (the rest of the continuation's
-plan: seams, grid cuts, slicing the texts to encode), ``encode`` (``PieceEncoder.encode_texts``),
+plan: seams, grid cuts, slicing the texts to encode; for a repair, ``Planner.append``'s one pass
+less its encode: that and the check of the re-encoded old text and the anchors), ``encode``
+(``PieceEncoder.encode_texts``),
 ``assemble`` (the rest of ``execute``: checking the re-encoded old text against the stored IDs,
 the ID slices), ``anchors`` (``anchors_after``), ``splice`` (the new IDs into the session's
 buffer), ``result`` (the view / the kept list) and ``python`` (the call's total less all of
@@ -378,7 +380,9 @@ class Stages:
             setattr(owner, name, timed)
 
         wrap(repair, "common_prefix", "compare")
+        wrap(sessions, "common_prefix", "compare")  # the store compares before it plans
         wrap(tok.planner, "plan", "plan", ("compare",))
+        wrap(tok.planner, "append", "plan", ("encode",))  # a repair's one pass
         wrap(tok.pieces, "encode_texts", "encode")
         wrap(sessions, "execute", "assemble", ("encode",))
         wrap(tok.planner, "anchors_after", "anchors")

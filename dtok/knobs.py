@@ -37,6 +37,9 @@ KNOBS: dict[str, Any] = {
     "lookup_entries": 1024,  # content-lookup entries kept (oldest dropped first)
     "anchor_spacing": 2048,  # sessions record a cut with its token index about this often (chars)
     "edit_budget": 1 << 22,  # characters of alignment work an edited session may spend
+    # a keyed session's text shorter than this (characters) is encoded whole, its state kept
+    # for the next turn: below it a continuation's own work costs more than it saves (0: never)
+    "session_whole_below": 8192,
     "encoder": "auto",  # "auto" (fast where admitted and guarded), "fast", "reference"
     # the reference's switch of that name: special-token strings in the text are plain text
     # (encoded as the characters they are made of), not the special tokens' IDs
@@ -89,9 +92,9 @@ def validate(knobs: dict[str, Any]) -> dict[str, Any]:
         positive_int(name, k[name])
     if k["threads"] is not None and (type(k["threads"]) is not int or k["threads"] < 1):
         raise ValueError(f"threads must be a positive int or None, got {k['threads']!r}")
-    if type(k["thread_renew_chars"]) is not int or k["thread_renew_chars"] < 0:
-        raise ValueError("thread_renew_chars must be a non-negative int, got "
-                         f"{k['thread_renew_chars']!r}")
+    for name in ("thread_renew_chars", "session_whole_below"):
+        if type(k[name]) is not int or k[name] < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {k[name]!r}")
     try:
         budget = tuple(k["scan_budget"])
     except TypeError:

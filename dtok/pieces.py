@@ -242,6 +242,13 @@ class PieceEncoder:
             if batch:
                 return [[ids] for ids in self.reference.encode_many(pieces)]
             return [[ids] for ids in self._map(self.reference.encode, pieces)]
+        main = self.main
+        if self.second is None and sum(map(len, pieces)) < 2 * PARALLEL_MIN_CHARS \
+                and all(self.fast_may_take(main, p) for p in pieces):
+            # what the routing below decides for a few short pieces the fast encoder may take
+            # whole (a session's turn): one call, without its lists and groups
+            self._count(fast=len(pieces))
+            return [[ids] for ids in main.encoder.encode_many(pieces)]
         runs = [] if batch or len(pieces) == 1 else self._groups(list(enumerate(pieces)), True)
         if len(runs) > 1:
             return self._encode_runs(runs)

@@ -152,6 +152,11 @@ class Plan:
             and isinstance(self.ops[0], Reuse) and self.ops[0].old_start == 0
 
     @property
+    def reused_chars(self) -> int:
+        """Characters of the new text whose IDs are reused (:meth:`describe`'s count)."""
+        return sum(op.new_end - op.new_start for op in self.ops if isinstance(op, Reuse))
+
+    @property
     def encode_chars(self) -> int:
         """Characters the plan encodes (fresh text and the old text re-encoded at seams)."""
         return sum(map(len, self.texts))
@@ -186,12 +191,14 @@ class PlanKnobs(NamedTuple):
 
 
 def plan_text(rules: CutRulesLike, old: str | None, anchors: Anchors | None, new: str,
-              knobs: PlanKnobs, chunk_cuts: Callable[[str], list[int]]) -> Plan:
+              knobs: PlanKnobs, chunk_cuts: Callable[[str], list[int]],
+              prefix: int | None = None) -> Plan:
     """The plan that brings the stored ``old`` (None: nothing stored) to ``new``: a
     continuation when something can be reused, else a full encode cut where the stateless route
-    cuts (``chunk_cuts``: its chunk planner), whose cuts become the first anchors."""
+    cuts (``chunk_cuts``: its chunk planner), whose cuts become the first anchors. ``prefix``:
+    as for :func:`plan_continuation`."""
     if old is not None:
-        plan = plan_continuation(rules, old, anchors, new, knobs)
+        plan = plan_continuation(rules, old, anchors, new, knobs, prefix)
         if plan.kind != "encode":
             return plan
     # The grid inside each chunk: anchors every ``spacing`` characters from the first turn on,
@@ -209,11 +216,12 @@ def plan_text(rules: CutRulesLike, old: str | None, anchors: Anchors | None, new
 
 
 def plan_continuation(rules: CutRulesLike, old: str, anchors: Anchors | None, new: str,
-                      knobs: PlanKnobs) -> Plan:
+                      knobs: PlanKnobs, prefix: int | None = None) -> Plan:
     """The plan that brings ``old`` (with ``anchors``) to ``new``; kind "encode" (and no ops)
-    when nothing can be reused."""
+    when nothing can be reused. ``prefix``: their common prefix, where the caller compared them
+    already."""
     m, n = len(old), len(new)
-    p = common_prefix(old, new)
+    p = common_prefix(old, new) if prefix is None else prefix
     if p == m == n:
         return Plan("hit", m, n, prefix_len=p)
     runs = [(0, p, 0)] if p else []
@@ -371,6 +379,82 @@ def next_anchors(plan: Plan, resolved: Sequence[tuple[int, int]], counts: Sequen
     return Anchors(offsets, tokens)
 
 
+# --- a pure append in one pass -----------------------------------------------------------------
+
+
+class Appended(NamedTuple):
+    """What :func:`continue_append` gave: the first ``keep`` stored IDs stay, ``tail`` follows
+    them; ``reused`` characters of the old text kept their IDs."""
+
+    keep: int
+    tail: list
+    anchors: Anchors
+    reused: int
+
+
+def continue_append(rules: CutRulesLike, old: str, anchors: Anchors, new: str,
+                    knobs: PlanKnobs, encode_texts: Callable[[list[str]], list[list]],
+                    old_body) -> Appended | None:
+    """A session's usual next turn, ``new`` = ``old`` + more text (the caller checked that
+    ``new`` starts with ``old``), planned, executed and anchored in one pass: the IDs and
+    anchors :func:`plan_continuation`, :func:`execute` and :func:`next_anchors` give for it,
+    without their objects (a cold turn paid for each of them). None where no seam is found (the
+    general path then decides)."""
+    m, n = len(old), len(new)
+    d = rules.seam(old, m, new, m, min(m, knobs.scan_budget), -1)
+    if d < 0 or d >= m or n <= m:
+        return None
+    x = m - d  # the seam: a cut of both texts, IDs before it kept
+    i = anchors.nearest(x)
+    a, t = anchors.offsets[i], anchors.tokens[i]
+    cuts = rules.grid(new, x, n, knobs.spacing, knobs.scan_budget)
+    texts = split_at(new, cuts, x, n)
+    if a != x:  # the old text between the anchor and the seam, to place the seam's token
+        texts.insert(0, old[a:x] if a < x else old[x:a])
+    encoded = encode_texts(texts)
+    if a != x:
+        snippet = encoded.pop(0)
+        c = sum(len(p) for p in snippet)
+        lo = t if a < x else t - c
+        if lo < 0 or not equal_ids(old_body, lo, snippet):
+            raise PlanFailed("the stored IDs do not end with the re-encoded old text")
+        t = lo + c if a < x else lo
+    keep = t
+    # next_anchors for this plan: the kept prefix's anchors as they are, then the fresh grid's
+    gap = max(1, knobs.spacing // 2)
+    j = bisect_right(anchors.offsets, min(m - rules.context, x))
+    k = bisect_left(anchors.offsets, gap, 0, j)
+    offsets, tokens = array("q", [0]), array("q", [0])
+    offsets += anchors.offsets[k:j]
+    tokens += anchors.tokens[k:j]
+    tail = []
+    cuts.append(n)
+    for cut, parts in zip(cuts, encoded):
+        if x - offsets[-1] >= gap:  # the piece's start
+            offsets.append(x)
+            tokens.append(t)
+        for p in parts:
+            t += len(p)
+        tail += parts
+        x = cut
+    if n - offsets[-1] >= gap:
+        offsets.append(n)
+        tokens.append(t)
+    if offsets[-1] != n:  # the end is always an anchor
+        if len(offsets) > 1 and n - offsets[-1] < gap // 4:
+            offsets.pop()
+            tokens.pop()
+        offsets.append(n)
+        tokens.append(t)
+    return Appended(keep, tail, _anchors(offsets, tokens), m - d)
+
+
+def _anchors(offsets: array, tokens: array) -> Anchors:
+    out = Anchors.__new__(Anchors)
+    out.offsets, out.tokens = offsets, tokens
+    return out
+
+
 # --- the planner the session store and the pool share ------------------------------------------
 
 class Planner:
@@ -395,13 +479,20 @@ class Planner:
         self._chunk_cuts = chunk_cuts  # the stateless route's cuts: a first encode's chunks
 
     def plan(self, old: str | None, anchors: Anchors | None, text: str,
-             edit_budget: int | None = None) -> Plan:
+             edit_budget: int | None = None, prefix: int | None = None) -> Plan:
         """The plan that brings ``old`` (with its ``anchors``; None: nothing stored) to
         ``text``; ``edit_budget`` caps the alignment work below the knob's (a plan that finds
-        less to reuse is as exact, only longer to execute)."""
+        less to reuse is as exact, only longer to execute); ``prefix``: their common prefix,
+        where the caller compared them already."""
         knobs = self.knobs if edit_budget is None or edit_budget >= self.knobs.edit_budget \
             else self.knobs._replace(edit_budget=edit_budget)
-        return plan_text(self.rules, old, anchors, text, knobs, self._chunk_cuts)
+        return plan_text(self.rules, old, anchors, text, knobs, self._chunk_cuts, prefix)
+
+    def append(self, old: str, anchors: Anchors, text: str, encode_texts: Callable,
+               old_body) -> Appended | None:
+        """:func:`continue_append` under this planner's rules and knobs."""
+        return continue_append(self.rules, old, anchors, text, self.knobs, encode_texts,
+                               old_body)
 
     @property
     def rules(self) -> CutRulesLike:

@@ -166,16 +166,13 @@ class SessionState:
     def held_bytes(self) -> int:
         """Text, IDs (the current buffer's and the spare's), anchors and lists: what
         ``session_bytes`` bounds (an ID buffer as :attr:`ACCOUNT_CAPACITY` says)."""
-        held = self.buffers
-        return ((sys.getsizeof(self.text) if self.text is not None else 0)
-                + self._id_bytes(held.current) + self._id_bytes(held.spare)
-                + (self.anchors.nbytes if self.anchors is not None else 0)
-                + self.lists.nbytes)
-
-    def _id_bytes(self, buffer: Any) -> int:
-        if buffer is None:
-            return 0
-        return 4 * (buffer.capacity if self.ACCOUNT_CAPACITY else len(buffer))
+        held, anchors = self.buffers, self.anchors
+        size = (sys.getsizeof(self.text) if self.text is not None else 0) \
+            + (8 * (len(anchors.offsets) + len(anchors.tokens)) if anchors is not None else 0)
+        for buffer in (held.current, held.spare):
+            if buffer is not None:
+                size += 4 * (buffer.capacity if self.ACCOUNT_CAPACITY else len(buffer))
+        return size + self.lists.nbytes if self.lists._lists else size  # (no call: none made)
 
 
 class KeptLists:

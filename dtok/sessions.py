@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Hashable
 from dtok import testing
 from dtok.pieces import affixed_view
 from dtok.repair import Anchors, Plan, Planner, execute
+from dtok_ext.align import common_prefix
 # scoped_key: the pool imports it from here too
 from dtok.session_core import (IN_PLACE, LOOKUP_MIN_CHARS, ROUTE_COUNTERS, SPARE,  # noqa: F401
                                ContentIndex, SessionState, is_continuation, room_for,
@@ -63,7 +64,7 @@ class Entry(SessionState):
     """One stored transcript: the session core's state (IDs: prefix + body + suffix in an
     :class:`~dtok_ext.buffers.IdBuffer`), its key and lock."""
 
-    __slots__ = ("key", "lock", "evicted", "unchanged")
+    __slots__ = ("key", "lock", "evicted", "unchanged", "route")
 
     def __init__(self, key: Hashable | None) -> None:
         super().__init__()
@@ -71,6 +72,7 @@ class Entry(SessionState):
         self.lock = threading.Lock()
         self.evicted = False
         self.unchanged = 0  # leading IDs (prefix included) the last request left as they were
+        self.route: str | None = None  # the counter of what its last request did, not counted yet
 
 
 class SessionStore:
@@ -83,8 +85,10 @@ class SessionStore:
     """
 
     def __init__(self, pieces: "PieceEncoder", planner: Planner, *, max_sessions: int,
-                 session_bytes: int, lookup_entries: int, content_lookup: bool) -> None:
+                 session_bytes: int, lookup_entries: int, content_lookup: bool,
+                 whole_below: int = 0) -> None:
         self._pieces = pieces
+        self.whole_below = whole_below  # keyed texts shorter than this are encoded whole
         self.planner = planner
         self.max_sessions = max_sessions
         self.session_bytes = session_bytes
@@ -147,6 +151,7 @@ class SessionStore:
         k = self.planner.knobs
         return {"max_sessions": self.max_sessions, "session_bytes": self.session_bytes,
                 "lookup_entries": self.lookup_entries, "content_lookup": self.content_lookup,
+                "session_whole_below": self.whole_below,
                 "anchor_spacing": k.spacing, "edit_budget": k.edit_budget}
 
     # --- requests -------------------------------------------------------------------------
@@ -174,7 +179,8 @@ class SessionStore:
             return self._result(entry, add_special_tokens, as_list)
         finally:
             entry.lock.release()
-            with self._lock:
+            with self._lock:  # one hold of the store's lock: the route's counter, the bytes
+                self._count_route(entry)
                 self._account(entry)
 
     def encode_lookup(self, text: str, add_special_tokens: bool, as_list: bool = False,
@@ -205,7 +211,7 @@ class SessionStore:
                     reused = self._serve(entry, text, borrowed=True, max_chars=max_chars)
                     if reused is None:
                         return None
-                    self._count("lookups")
+                    self._count("lookups", entry)
                     replace = is_continuation(reused, len(found.text))
                     if replace:
                         entry.lists = found.lists
@@ -216,7 +222,7 @@ class SessionStore:
                 found.lock.release()
         if self._serve(entry, text, max_chars=max_chars) is None:
             return None
-        self._count("lookups")
+        self._count("lookups", entry)
         result = self._result(entry, add_special_tokens, as_list)
         self._publish(entry, keys)
         return result
@@ -240,6 +246,9 @@ class SessionStore:
         old = entry.text if entry is not None else None
         if old is None:
             return {} if key is None else {"session": f"no stored text for this {source}"}
+        if key is not None and len(text) < self.whole_below and old != text:
+            return {"session": f"shorter than session_whole_below ({self.whole_below} "
+                               "characters): encoded whole, kept for the next turn"}
         plan = self.planner.plan(old, entry.anchors, text)
         if plan.kind == "encode":
             return {"session": f"{source}: nothing of the stored text can be reused"}
@@ -260,36 +269,78 @@ class SessionStore:
         entry that this one replaces only if it reuses most of it; otherwise the buffer is never
         spliced in place (the stored entry keeps its IDs). ``max_chars``: None, and the entry
         untouched, where the plan would encode more than that (:meth:`PieceEncoder.work`)."""
+        old, prefix = entry.text, None
+        if len(text) < self.whole_below and not borrowed and old != text:
+            # a short session: the stateless encode costs less than a continuation's work
+            if max_chars is not None and self._pieces.work(len(text)) > max_chars:
+                return None
+            return self._encode_instead(entry, text, "full_encodes")
+        if old is not None and len(old) < len(text):
+            prefix = common_prefix(old, text)
+            # a pure append (a session's usual turn) takes the one-pass route; its encoding is
+            # the appended text and at most two seam scans of old text
+            if prefix == len(old) and (max_chars is None or self._pieces.work(
+                    len(text) - prefix + 2 * self.planner.knobs.scan_budget) <= max_chars):
+                try:
+                    reused = self._append(entry, text, borrowed)
+                except Exception:  # noqa: BLE001 - the stateless route decides (and raises)
+                    return self._encode_instead(entry, text, "fallbacks")
+                if reused is not None:
+                    entry.route = "repairs"
+                    return reused
         if max_chars is None:
-            plan = self.planner.plan(entry.text, entry.anchors, text)
-        elif entry.text is None and self._pieces.work(len(text)) > max_chars:
+            plan = self.planner.plan(old, entry.anchors, text, prefix=prefix)
+        elif old is None and self._pieces.work(len(text)) > max_chars:
             return None  # nothing stored: the whole text to encode (not even planned)
         else:
-            plan = self.planner.plan(entry.text, entry.anchors, text,
-                                     edit_budget=alignment_budget(max_chars))
+            plan = self.planner.plan(old, entry.anchors, text,
+                                     edit_budget=alignment_budget(max_chars), prefix=prefix)
             if not plan_fits(self._pieces, plan, max_chars):
                 return None
-        kind = ROUTE_COUNTERS[plan.kind]
-        reused = len(text) if plan.kind == "hit" else plan.describe()["reused_chars"]
+        reused = len(text) if plan.kind == "hit" else plan.reused_chars
         entry.unchanged = len(entry.buffers.current) if plan.kind == "hit" else 0
         if plan.kind != "hit":
-            in_place = not borrowed or is_continuation(reused, len(entry.text))
+            in_place = not borrowed or is_continuation(reused, len(old))
             try:
                 self._apply(entry, plan, text, in_place)
             except Exception:  # noqa: BLE001 - the stateless route decides (and raises)
-                # A continuation that failed (an encoder error, a failed check) is encoded whole
-                # by the stateless route: the reference's IDs, or the reference's exception.
-                if plan.kind != "encode":
-                    kind = "fallbacks"
-                reused = 0
-                # about 3 characters an ID: the room for the IDs not counted yet
-                buf = self._pieces.encode_whole(text, room_for(len(text) // 3))
-                entry.buffers.restart(buf)
-                n_body = len(buf) - len(self._pieces.prefix) - len(self._pieces.suffix)
-                entry.anchors = Anchors((0, len(text)), (0, n_body)) if text else Anchors()
-                entry.text = text
-        self._count(kind)
+                return self._encode_instead(
+                    entry, text, "fallbacks" if plan.kind != "encode" else "full_encodes")
+        entry.route = ROUTE_COUNTERS[plan.kind]
         return reused
+
+    def _encode_instead(self, entry: Entry, text: str, kind: str) -> int:
+        """The text encoded whole by the stateless route (a short session's; a continuation
+        that failed: an encoder error, a failed check): the reference's IDs, or the reference's
+        exception; the session keeps it with two anchors, its ends. Returns 0: no characters
+        reused."""
+        # about 3 characters an ID: the room for the IDs not counted yet
+        buf = self._pieces.encode_whole(text, room_for(len(text) // 3))
+        entry.buffers.restart(buf)
+        n_body = len(buf) - len(self._pieces.prefix) - len(self._pieces.suffix)
+        entry.anchors = Anchors((0, len(text)), (0, n_body)) if text else Anchors()
+        entry.text = text
+        entry.unchanged = 0
+        entry.route = kind
+        return 0
+
+    def _append(self, entry: Entry, text: str, borrowed: bool) -> int | None:
+        """``text`` extends the stored text: :meth:`Planner.append` (None where it finds no
+        seam: the general plan decides), its IDs spliced as :meth:`_apply` splices a plan's."""
+        b = self._pieces
+        p, s = len(b.prefix), len(b.suffix)
+        buf = entry.buffers.current
+        old_body = buf.view(p, len(buf) - s)
+        done = self.planner.append(entry.text, entry.anchors, text, b.encode_texts, old_body)
+        if done is None:
+            old_body.release()
+            return None
+        in_place = not borrowed or is_continuation(done.reused, len(entry.text))
+        total = p + done.keep + sum(map(len, done.tail)) + s
+        self._splice(entry, old_body, p + done.keep, done.tail, in_place, room_for(total))
+        entry.text, entry.anchors = text, done.anchors
+        entry.unchanged = p + done.keep
+        return done.reused
 
     def _apply(self, entry: Entry, plan: Plan, text: str, in_place: bool = True) -> None:
         b = self._pieces
@@ -345,9 +396,17 @@ class SessionStore:
             return view
         return entry.lists.get(add_special, view, len(b.prefix))
 
-    def _count(self, name: str) -> None:
+    def _count(self, name: str, entry: Entry | None = None) -> None:
         with self._lock:
             self._counts[name] += 1
+            if entry is not None:
+                self._count_route(entry)
+
+    def _count_route(self, entry: Entry) -> None:
+        """Count what the entry's last request did (caller holds the store lock)."""
+        if entry.route is not None:
+            self._counts[entry.route] += 1
+            entry.route = None
 
     # --- content index --------------------------------------------------------------------
 

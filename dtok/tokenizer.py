@@ -81,7 +81,7 @@ class Tokenizer:
         self.sessions = SessionStore(
             self.pieces, self.planner, max_sessions=knobs["max_sessions"],
             session_bytes=knobs["session_bytes"], lookup_entries=knobs["lookup_entries"],
-            content_lookup=knobs["content_lookup"])
+            content_lookup=knobs["content_lookup"], whole_below=knobs["session_whole_below"])
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **knobs: Any) -> "Tokenizer":
@@ -155,7 +155,7 @@ class Tokenizer:
         >>> tok = Tokenizer.default()
         >>> list(tok.encode("<|im_start|>user\\nhi<|im_end|>"))
         [151644, 872, 198, 6023, 151645]
-        >>> turn1 = "<|im_start|>user\\nHello there<|im_end|>\\n"
+        >>> turn1 = "<|im_start|>user\\nHello there<|im_end|>\\n" * 300  # (shorter: encoded whole)
         >>> a = tok.encode(turn1, session="chat-1")
         >>> b = tok.encode(turn1 + "<|im_start|>assistant\\nHi!", session="chat-1")
         >>> list(b)[: len(a)] == list(a), tok.sessions.stats()["repairs"]
@@ -164,6 +164,12 @@ class Tokenizer:
         >>> list(literal.encode("<|im_start|>user"))
         [27, 91, 318, 4906, 91, 29, 872]
         """
+        if session is not None and scope is None and type(text) is str \
+                and type(add_special_tokens) is bool and self.rules is not None:
+            # a session's turn, the call a server makes most: straight to the store
+            # (never None without max_chars: a view)
+            return self.sessions.encode_keyed(  # type: ignore[return-value]
+                text, session, add_special_tokens)
         return self._encode(text, session, add_special_tokens, False, scope)
 
     def encode_list(self, text: str, *, session: Hashable | None = None,
@@ -176,6 +182,11 @@ class Tokenizer:
         >>> tok.encode_list("Hello, world!")
         [9707, 11, 1879, 0]
         """
+        if session is not None and scope is None and type(text) is str \
+                and type(add_special_tokens) is bool and self.rules is not None:
+            # (never None without max_chars: the session's list)
+            return self.sessions.encode_keyed(  # type: ignore[return-value]
+                text, session, add_special_tokens, True)
         return self._encode(text, session, add_special_tokens, True, scope)
 
     def try_encode_list(self, text: str, *, max_chars: int, session: Hashable | None = None,

@@ -213,9 +213,12 @@ _TOKENIZERS: dict[object, object] = {}
 
 
 def load_tokenizer(name: str, **knobs):
-    """A tokenizer by name (see the module docstring), loaded once per test session."""
+    """A tokenizer by name (see the module docstring), loaded once per test session. Its
+    sessions continue texts of any length (``session_whole_below=0``): the tests of
+    continuations use short texts, which the default encodes whole."""
     import dtok
 
+    knobs.setdefault("session_whole_below", 0)
     path = tokenizer_path(name)
     if path not in _TOKENIZERS:
         _TOKENIZERS[path] = dtok.Tokenizer.from_file(path)

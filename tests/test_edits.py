@@ -43,8 +43,9 @@ def qwen3_hf(tmp_path_factory):
 
 def test_qwen3_real_template_replay(qwen3_hf):
     """A 30-turn reasoning chat rendered by Qwen3's own template: the template drops earlier
-    think blocks at each new query, and every turn after the first still reuses IDs."""
-    tok = dtok.Tokenizer.default()
+    think blocks at each new query, and every turn after the first still reuses IDs (its
+    first turns too: short sessions continued, not encoded whole)."""
+    tok = dtok.Tokenizer.default().with_knobs(session_whole_below=0)
     prompts = [qwen3_hf.apply_chat_template(r, tokenize=False, add_generation_prompt=True)
                for r in chat_requests(30, seed=1)]
     assert sum(not b.startswith(a) for a, b in zip(prompts, prompts[1:])) >= 5

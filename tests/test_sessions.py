@@ -429,3 +429,35 @@ def test_try_encode_list_counts_the_reference_as_slower():
     text = "Hello there. " * 100  # 1,300 characters
     assert tok.try_encode_list(text, max_chars=len(text)) is None
     assert tok.try_encode_list(text, max_chars=len(text) * REFERENCE_WEIGHT) == ref_ids(tok, text)
+
+
+@pytest.mark.parametrize("name", MAIN_FILES)
+def test_one_pass_append_is_the_general_plan(name):
+    """A pure append's one pass (Planner.append) gives the IDs and anchors that planning,
+    executing and anchoring the general plan give, at splits that move the seam."""
+    from dtok.repair import execute
+
+    tok = fresh(name, anchor_spacing=256)
+    planner, encode = tok.planner, tok.pieces.encode_texts
+    base = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:5000]
+    rng = random.Random(7)
+    specials = [t for t in tok.admission.added_tokens if len(t) > 2][:3]
+    for left, right in SPLITS + [(t[:3], t[3:] + " x") for t in specials] + [("", "")]:
+        old = base[: rng.randrange(500, 5000)] + left
+        first = planner.plan(None, None, old)
+        done = execute(first, encode, None)
+        anchors = planner.anchors_after(first, done.resolved, done.counts, None)
+        whole = tok.pieces.encode_whole(old)
+        body = whole.view(len(tok.pieces.prefix), len(whole) - len(tok.pieces.suffix))
+        for new in (old + right + " and more text.", old + right + base[:3000], old + "\n"):
+            plan = planner.plan(old, anchors, new)
+            general = execute(plan, encode, body)
+            want_anchors = planner.anchors_after(plan, general.resolved, general.counts, anchors)
+            one = planner.append(old, anchors, new, encode, body)
+            assert plan.kind == "append" and one is not None, (left, right)
+            assert one.keep == general.keep and one.reused == plan.reused_chars
+            assert [list(p) for p in one.tail] == [list(p) for p in general.tail]
+            assert list(one.anchors.offsets) == list(want_anchors.offsets)
+            assert list(one.anchors.tokens) == list(want_anchors.tokens)
+            ids = list(body[: one.keep]) + [i for p in one.tail for i in p]
+            assert ids == ref_ids(tok, new, False)
