@@ -298,6 +298,16 @@ class PlanFailed(RuntimeError):
     whole instead)."""
 
 
+def seam_token(old_body, anchor_token: int, forward: bool, snippet: list, count: int) -> int:
+    """The token index of a seam placed from an anchor: the old text between them re-encoded
+    (``snippet``, ``count`` IDs) must be the stored IDs after the anchor (``forward``) or
+    before it; PlanFailed where they are not."""
+    lo = anchor_token if forward else anchor_token - count
+    if lo < 0 or not equal_ids(old_body, lo, snippet):
+        raise PlanFailed("the stored IDs do not end with the re-encoded old text")
+    return lo + count if forward else lo
+
+
 def execute(plan: Plan, encode_texts: Callable[[list[str]], list[list]], old_body) -> Outcome:
     """Encode the plan's texts in one call and assemble the new IDs. ``old_body`` is an int32
     buffer of the stored IDs without post-processing (unused when nothing is reused)."""
@@ -307,11 +317,8 @@ def execute(plan: Plan, encode_texts: Callable[[list[str]], list[list]], old_bod
     def token(seam: Seam) -> int:
         if seam.snippet < 0:
             return seam.anchor_token
-        c = counts[seam.snippet]
-        lo = seam.anchor_token if seam.forward else seam.anchor_token - c
-        if lo < 0 or not equal_ids(old_body, lo, encoded[seam.snippet]):
-            raise PlanFailed("the stored IDs do not end with the re-encoded old text")
-        return lo + c if seam.forward else lo
+        return seam_token(old_body, seam.anchor_token, seam.forward, encoded[seam.snippet],
+                          counts[seam.snippet])
 
     keep, tail, resolved = 0, [], []
     for i, op in enumerate(plan.ops):
@@ -336,14 +343,8 @@ def next_anchors(plan: Plan, resolved: Sequence[tuple[int, int]], counts: Sequen
     characters: an anchor closer than that to the one kept before it is dropped. ``resolved``
     and ``counts`` are what executing the plan gave (:class:`Outcome`; a pool worker reports
     them)."""
-    gap = max(1, spacing // 2)
-    offsets, tokens = array("q", [0]), array("q", [0])
-
-    def add(o: int, tok: int) -> None:
-        if o - offsets[-1] >= gap:
-            offsets.append(o)
-            tokens.append(tok)
-
+    out = _NewAnchors(spacing)
+    gap, offsets, add = out.gap, out.offsets, out.add
     t = 0  # token index in the new IDs
     reuse = iter(resolved)
     for op in plan.ops:
@@ -357,8 +358,7 @@ def next_anchors(plan: Plan, resolved: Sequence[tuple[int, int]], counts: Sequen
             i, j = old.between(max(lo, op.old_start, offsets[-1] + gap - shift_o),
                                min(hi, op.old_end))
             if shift_o == 0 and shift_t == 0:  # a kept prefix: its anchors as they are
-                offsets.extend(old.offsets[i:j])
-                tokens.extend(old.tokens[i:j])
+                out.keep(old, i, j)
             else:
                 for k in range(i, j):
                     add(old.offsets[k] + shift_o, old.tokens[k] + shift_t)
@@ -370,13 +370,40 @@ def next_anchors(plan: Plan, resolved: Sequence[tuple[int, int]], counts: Sequen
                 add(cut, t)
             t += ids[-1]
         add(op.new_end, t)
-    if offsets[-1] != plan.new_len:  # the end is always an anchor
-        if len(offsets) > 1 and plan.new_len - offsets[-1] < gap // 4:
-            offsets.pop()
-            tokens.pop()
-        offsets.append(plan.new_len)
-        tokens.append(t)
-    return Anchors(offsets, tokens)
+    return out.finish(plan.new_len, t)
+
+
+class _NewAnchors:
+    """The anchors of a new text as they are written: about one per ``spacing / 2`` characters
+    (one closer than that to the anchor before it is dropped), and the end always."""
+
+    __slots__ = ("gap", "offsets", "tokens")
+
+    def __init__(self, spacing: int) -> None:
+        self.gap = max(1, spacing // 2)
+        self.offsets, self.tokens = array("q", [0]), array("q", [0])
+
+    def add(self, offset: int, token: int) -> None:
+        if offset - self.offsets[-1] >= self.gap:
+            self.offsets.append(offset)
+            self.tokens.append(token)
+
+    def keep(self, old: Anchors, i: int, j: int) -> None:
+        """``old``'s anchors ``i`` to ``j`` as they are (a kept prefix's)."""
+        self.offsets += old.offsets[i:j]
+        self.tokens += old.tokens[i:j]
+
+    def finish(self, end: int, token: int) -> Anchors:
+        offsets, tokens = self.offsets, self.tokens
+        if offsets[-1] != end:
+            if len(offsets) > 1 and end - offsets[-1] < self.gap // 4:
+                offsets.pop()
+                tokens.pop()
+            offsets.append(end)
+            tokens.append(token)
+        out = Anchors.__new__(Anchors)  # the arrays as they are, not copies
+        out.offsets, out.tokens = offsets, tokens
+        return out
 
 
 # --- a pure append in one pass -----------------------------------------------------------------
@@ -414,45 +441,22 @@ def continue_append(rules: CutRulesLike, old: str, anchors: Anchors, new: str,
     encoded = encode_texts(texts)
     if a != x:
         snippet = encoded.pop(0)
-        c = sum(len(p) for p in snippet)
-        lo = t if a < x else t - c
-        if lo < 0 or not equal_ids(old_body, lo, snippet):
-            raise PlanFailed("the stored IDs do not end with the re-encoded old text")
-        t = lo + c if a < x else lo
+        t = seam_token(old_body, t, a < x, snippet, sum(len(p) for p in snippet))
     keep = t
     # next_anchors for this plan: the kept prefix's anchors as they are, then the fresh grid's
-    gap = max(1, knobs.spacing // 2)
+    out = _NewAnchors(knobs.spacing)
     j = bisect_right(anchors.offsets, min(m - rules.context, x))
-    k = bisect_left(anchors.offsets, gap, 0, j)
-    offsets, tokens = array("q", [0]), array("q", [0])
-    offsets += anchors.offsets[k:j]
-    tokens += anchors.tokens[k:j]
+    out.keep(anchors, bisect_left(anchors.offsets, out.gap, 0, j), j)
     tail = []
     cuts.append(n)
     for cut, parts in zip(cuts, encoded):
-        if x - offsets[-1] >= gap:  # the piece's start
-            offsets.append(x)
-            tokens.append(t)
+        out.add(x, t)  # the piece's start
         for p in parts:
             t += len(p)
         tail += parts
         x = cut
-    if n - offsets[-1] >= gap:
-        offsets.append(n)
-        tokens.append(t)
-    if offsets[-1] != n:  # the end is always an anchor
-        if len(offsets) > 1 and n - offsets[-1] < gap // 4:
-            offsets.pop()
-            tokens.pop()
-        offsets.append(n)
-        tokens.append(t)
-    return Appended(keep, tail, _anchors(offsets, tokens), m - d)
-
-
-def _anchors(offsets: array, tokens: array) -> Anchors:
-    out = Anchors.__new__(Anchors)
-    out.offsets, out.tokens = offsets, tokens
-    return out
+    out.add(n, t)
+    return Appended(keep, tail, out.finish(n, t), m - d)
 
 
 # --- the planner the session store and the pool share ------------------------------------------
