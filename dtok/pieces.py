@@ -13,6 +13,7 @@ import threading
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from dtok import testing
 from dtok.chunking import Chunker, split_at
 from dtok.encoders import ReferenceEncoder, available_cpus, fastokens_bpe_threads
 from dtok.knobs import default_threads
@@ -242,7 +243,8 @@ class PieceEncoder:
             if batch:
                 return [[ids] for ids in self.reference.encode_many(pieces)]
             return [[ids] for ids in self._map(self.reference.encode, pieces)]
-        runs = [] if batch or len(pieces) == 1 else self._groups(list(enumerate(pieces)), True)
+        runs = [] if batch or len(pieces) == 1 or testing.is_off(testing.OFF_RUNS) \
+            else self._groups(list(enumerate(pieces)), True)
         if len(runs) > 1:
             return self._encode_runs(runs)
         return self._encode_routed(pieces, True, batch)
@@ -257,9 +259,11 @@ class PieceEncoder:
         texts = [[p for _, p in run] for run in runs]
         out: list[list] = [[None] * len(run) for run in texts]
         ends = [_TwoEnds([len(p) for p in run]) for run in texts]
+        step = 1 << 62 if testing.is_off(testing.OFF_STEPS) else self._run_step_chars
+        two_ends = not testing.is_off(testing.OFF_TWO_ENDS)
 
         def drain(k: int, back: bool) -> None:
-            while (span := ends[k].take(self._run_step_chars, back)) is not None:
+            while (span := ends[k].take(step, back)) is not None:
                 a, b = span
                 out[k][a:b] = self._encode_routed(texts[k][a:b], False)
 
@@ -267,9 +271,12 @@ class PieceEncoder:
                                       sum(map(len, (p for run in texts[1:] for p in run))))
         out[0] = self._encode_routed(texts[0], False)
         for k in range(1, len(runs)):
-            drain(k, True)
-        for fut in pending:
-            if not fut.cancel():  # one that never started has nothing left to do
+            if two_ends:
+                drain(k, True)
+        for k, fut in enumerate(pending, 1):
+            if fut.cancel():  # one that never started has nothing left to do, or all its run
+                drain(k, False)
+            else:
                 fut.result()
         return [ids for run in out for ids in run]
 
@@ -395,9 +402,10 @@ class PieceEncoder:
         if self.main.encoder is self.reference or self.second is not None:
             return target
         cls = text_class(text)
-        if cls not in self.long_piece_classes:
+        if cls not in self.long_piece_classes \
+                or (cls != "latin" and testing.is_off(testing.OFF_LONG_PIECES)):
             return target
-        threads = self.useful_threads(len(text), self.text_weight[cls])
+        threads = self.useful_threads(len(text), self._weight(cls))
         pieces = threads if cls == "latin" or threads == 1 else threads * LONG_PIECES_PER_THREAD
         return max(target, min(LONGEST_FAST_PIECE, -(-len(text) // pieces)))
 
@@ -559,7 +567,13 @@ class PieceEncoder:
         it saves at least :attr:`split_saving` (the other shares' work, which the other threads
         take off the largest's thread; AUTO_SPLIT_SAVING where fastokens runs one BPE thread a
         call, AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS otherwise)."""
-        return not self.auto_threads or (chars - largest) * weight >= self.split_saving
+        bound = AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS if testing.is_off(testing.OFF_TWO_BOUNDS) \
+            else self.split_saving
+        return not self.auto_threads or (chars - largest) * weight >= bound
+
+    def _weight(self, cls: str) -> float:
+        """What the split rule weighs a character of a fast encoder's ``cls`` text by."""
+        return 1 if testing.is_off(testing.OFF_TEXT_WEIGHT) else self.text_weight[cls]
 
     def split_threads(self, pieces: list[str]) -> int:
         """The threads :meth:`encode_texts` shares these pieces (a text's chunks) among: the
@@ -578,7 +592,7 @@ class PieceEncoder:
         total = sum(len(t) for _, t in items)
         n = 1 if one else min(self.threads, len(items), max(1, total // PARALLEL_MIN_CHARS))
         if n > 1:
-            weight = self.text_weight[items_class(items)] if fast else REFERENCE_WEIGHT
+            weight = self._weight(items_class(items)) if fast else REFERENCE_WEIGHT
             n = min(n, self.useful_threads(total, weight))
         if n == 1:
             return [items]
