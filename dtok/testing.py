@@ -16,10 +16,10 @@ Benches switch dtok's scheduling mechanisms off the same way, one at a time, to 
 each is worth (:func:`switched_off`; benches/bench_split_stream.py ``--variants``,
 docs/benchmarks.md#scheduling-mechanisms-each-switched-off):
 
->>> with testing.switched_off(testing.OFF_TWO_ENDS):
-...     testing.is_off(testing.OFF_TWO_ENDS)
+>>> with testing.switched_off(testing.OFF_AFFINITY):
+...     testing.is_off(testing.OFF_AFFINITY)
 True
->>> testing.is_off(testing.OFF_TWO_ENDS)
+>>> testing.is_off(testing.OFF_AFFINITY)
 False
 """
 from __future__ import annotations
@@ -31,25 +31,14 @@ from typing import Callable, Iterator
 #: result already taken); called with the entry (:mod:`dtok.sessions`).
 AFTER_PUBLISH = "after_publish"
 
-#: Scheduling mechanisms :func:`switched_off` turns off (dtok.pieces, dtok.encode_threads):
-#: a text's chunks shared among threads in contiguous runs, each thread routing its own (off:
-#: routed in the calling thread, then each encoder's calls shared out);
-OFF_RUNS = "runs of chunks"
-#: a pool thread's run taken a step (RUN_STEP_CHARS) at a time (off: whole);
-OFF_STEPS = "steps of runs"
-#: the calling thread, done with its run, takes the others' rest from the back (off: it waits);
-OFF_TWO_ENDS = "two-ended take"
-#: pool threads handed work beside the caller kept off the caller's CPU (off: not placed);
+#: Scheduling mechanisms :func:`switched_off` turns off (those the ablation of 2026-12-07 kept;
+#: it removed the others): pool threads handed work beside the caller kept off the caller's CPU
+#: (dtok.encode_threads; off: not placed);
 OFF_AFFINITY = "CPU affinity"
-#: other text of a file's ``long_piece_classes`` in long pieces (off: in chunk_target chunks);
-OFF_LONG_PIECES = "long pieces"
-#: the split rule weighs other text 3x Latin text (TEXT_WEIGHT; off: every class 1x);
-OFF_TEXT_WEIGHT = "text weights"
-#: the split bound for fastokens on one BPE thread (AUTO_SPLIT_SAVING; off: the other bound,
-#: AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS, everywhere).
+#: the split bound for fastokens on one BPE thread (AUTO_SPLIT_SAVING; off: the bound beside
+#: fastokens' own BPE threads, AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS, everywhere).
 OFF_TWO_BOUNDS = "two split bounds"
-MECHANISMS = (OFF_RUNS, OFF_STEPS, OFF_TWO_ENDS, OFF_AFFINITY, OFF_LONG_PIECES,
-              OFF_TEXT_WEIGHT, OFF_TWO_BOUNDS)
+MECHANISMS = (OFF_AFFINITY, OFF_TWO_BOUNDS)
 
 _installed: dict[str, Callable] = {}
 _off: set[str] = set()
