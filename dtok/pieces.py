@@ -38,6 +38,9 @@ PARALLEL_MIN_CHARS = 32768
 LONGEST_FAST_STRETCH = 65536
 # The longest piece a fast encoder gets: a longer one costs scratch memory kept on each thread.
 LONGEST_FAST_PIECE = 1 << 20
+# A pool thread takes its run of chunks in steps of at most this many characters (at least one
+# piece), so that the calling thread, done with its own run, can take the rest from the back.
+RUN_STEP_CHARS = 160_000
 # :func:`text_class` reads this many runs of this many characters of a long piece (reading it
 # all would cost a tenth of the encode it decides on).
 CLASS_RUNS, CLASS_RUN = 16, 256
@@ -78,6 +81,43 @@ def _even_runs(items: list, n: int, total: int | None = None) -> list[list]:
         runs[min(n - 1, int((size + len(item[1]) / 2) // share))].append(item)
         size += len(item[1])
     return [run for run in runs if run]
+
+
+class _TwoEnds:
+    """The indices of a run's pieces not yet taken, handed out from either end: a pool thread
+    takes from the front, the calling thread from the back.
+
+    >>> ends = _TwoEnds([60, 60, 60, 200])
+    >>> ends.take(128, back=False), ends.take(128, back=True), ends.take(128, back=False)
+    ((0, 2), (3, 4), (2, 3))
+    """
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+        self.lo, self.hi = 0, len(lengths)
+        self._lock = threading.Lock()
+
+    def take(self, chars: int, back: bool) -> tuple[int, int] | None:
+        """The next pieces, as many as fit in ``chars`` characters (at least one), as a range
+        [a, b) of indices, or None: all taken."""
+        with self._lock:
+            if self.lo >= self.hi:
+                return None
+            if back:
+                a, b = self.hi - 1, self.hi
+                size = self.lengths[a]
+                while a > self.lo and size + self.lengths[a - 1] <= chars:
+                    a -= 1
+                    size += self.lengths[a]
+                self.hi = a
+            else:
+                a, b = self.lo, self.lo + 1
+                size = self.lengths[a]
+                while b < self.hi and size + self.lengths[b] <= chars:
+                    size += self.lengths[b]
+                    b += 1
+                self.lo = b
+            return a, b
 
 
 def affixed_view(ids, add_special: bool, n_prefix: int, n_suffix: int) -> memoryview:
@@ -141,9 +181,12 @@ class PieceEncoder:
 
     def encode_texts(self, pieces: list[str], batch: bool = False) -> list[list]:
         """Body IDs of each piece, encoded independently: for each piece, the list of its int32
-        buffers. The stretches that must go to the reference are sent in at most ``threads``
-        calls (one with ``batch``: short texts of a batch), and the rest in at most ``threads``
-        calls to each fast encoder, each call's stretches contiguous."""
+        buffers. Several long pieces are shared out among the ``threads`` in contiguous runs,
+        each thread routing and encoding its own run (the scans that decide the routes then run
+        in parallel too, not all before the encodes in the calling thread). Otherwise the
+        stretches that must go to the reference are sent in at most ``threads`` calls (one with
+        ``batch``: short texts of a batch), and the rest in at most ``threads`` calls to each
+        fast encoder."""
         if not pieces:
             return []
         if self.main.encoder is self.reference:
@@ -151,11 +194,50 @@ class PieceEncoder:
             if batch:
                 return [[ids] for ids in self.reference.encode_many(pieces)]
             return [[ids] for ids in self._map(self.reference.encode, pieces)]
-        return self._encode_routed(pieces, batch)
+        runs = [] if batch or len(pieces) == 1 or testing.is_off(testing.OFF_RUNS) \
+            else self._groups(list(enumerate(pieces)), True)
+        if len(runs) > 1:
+            return self._encode_runs(runs)
+        return self._encode_routed(pieces, True, batch)
 
-    def _encode_routed(self, pieces: list[str], batch: bool = False) -> list[list]:
-        """:meth:`encode_texts` of pieces on a fast encoder: routed here, the calls to each
-        encoder shared out among the threads."""
+    def _encode_runs(self, runs: list[list]) -> list[list]:
+        """:meth:`encode_texts` of runs of (slot, piece) items, each run routed and encoded on a
+        thread of its own, the first on this one. A pool thread takes its run's pieces from
+        the front, up to RUN_STEP_CHARS characters a step; this thread, done with its own
+        run, takes what is left of the others from the back (so it never waits for a pool
+        thread that got its CPU late, or shares it, to the end of its run) and then waits only
+        for the steps the pool threads are encoding."""
+        texts = [[p for _, p in run] for run in runs]
+        out: list[list] = [[None] * len(run) for run in texts]
+        ends = [_TwoEnds([len(p) for p in run]) for run in texts]
+        step = 1 << 62 if testing.is_off(testing.OFF_STEPS) else RUN_STEP_CHARS
+        two_ends = not testing.is_off(testing.OFF_TWO_ENDS)
+
+        def drain(k: int, back: bool) -> None:
+            while (span := ends[k].take(step, back)) is not None:
+                a, b = span
+                out[k][a:b] = self._encode_routed(texts[k][a:b], False)
+
+        pending = self._pool().beside([partial(drain, k, False) for k in range(1, len(runs))],
+                                      sum(map(len, (p for run in texts[1:] for p in run))))
+        out[0] = self._encode_routed(texts[0], False)
+        for k in range(1, len(runs)):
+            if two_ends:
+                drain(k, True)
+        for k, fut in enumerate(pending, 1):
+            if fut.cancel():  # one that never started has nothing left to do, or all its run
+                drain(k, False)
+            else:
+                fut.result()
+        return [ids for run in out for ids in run]
+
+    def _encode_routed(self, pieces: list[str], parallel: bool, batch: bool = False
+                       ) -> list[list]:
+        """:meth:`encode_texts` of pieces routed here; ``parallel``: the calls to each encoder
+        are shared out among the threads, else all made in this thread."""
+        def groups(items: list, fast: bool, one: bool = False) -> list[list]:
+            return self._groups(items, fast, one) if parallel else [items] if items else []
+
         lanes = [self.main] if self.second is None else [self.main, self.second]
         by_lane: list[list] = [[] for _ in lanes]  # (slot, sub-text) for each fast encoder
         slow: list[tuple[int, str]] = []
@@ -173,11 +255,14 @@ class PieceEncoder:
         self._count(fast=len(by_lane[0]), reference=len(slow),
                     second=len(by_lane[1]) if len(lanes) > 1 else 0)
         calls = [(lane.encoder.encode_many, g)
-                 for lane, items in zip(lanes, by_lane) for g in self._groups(items, True)]
-        calls += [(self.reference.encode_stretches, g) for g in self._groups(slow, False, batch)]
+                 for lane, items in zip(lanes, by_lane) for g in groups(items, True)]
+        calls += [(self.reference.encode_stretches, g) for g in groups(slow, False, batch)]
         jobs = [partial(fn, [t for _, t in g]) for fn, g in calls]
         results: list = [None] * len(owner)
-        answers = self._at_once(jobs, sum(len(t) for _, g in calls[1:] for _, t in g))
+        if parallel:  # counted only where jobs may be handed to the threads
+            answers = self._at_once(jobs, sum(len(t) for _, g in calls[1:] for _, t in g))
+        else:
+            answers = [job() for job in jobs]
         for (_, g), answer in zip(calls, answers):
             for (j, _), ids in zip(g, answer):
                 results[j] = ids

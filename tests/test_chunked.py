@@ -102,34 +102,41 @@ def test_single_thread_and_batch():
 
 
 @pytest.mark.parametrize("name", ["qwen3", "llama3"])
-def test_a_long_texts_chunks_are_routed_then_shared_among_threads(name, monkeypatch):
-    """With several threads, a long text's chunks are routed in the calling thread (guard
-    characters and text NFC would change go to the reference) and the fast encoder's stretches
-    are sent in several calls, shared out among the threads: the IDs are the reference's.
-    (Until the ablation of 2026-12-07 each thread routed a contiguous run of the chunks itself:
-    docs/benchmarks.md#scheduling-mechanisms-each-switched-off.)"""
+def test_each_thread_routes_its_own_run_of_chunks(name, monkeypatch):
+    """With several threads, each takes a contiguous run of a long text's chunks and routes it
+    itself (guard characters and text NFC would change go to the reference in a helper thread
+    too): the IDs are the reference's, and more than one thread did the routing."""
+    import threading
+
+    from dtok import testing
+
     naughty = read_text("adversarial", "blns_big-list-of-naughty-strings.txt") \
         + " x\u0378y "  # U+0378: unassigned, a guard character
     many = LONG["multilingual"]()
     text = "".join(many[i * 50_000 : (i + 1) * 50_000] + naughty for i in range(4))
-    tok = load_tokenizer(name, threads=3, chunk_target=16384, content_lookup=False)
+    tok = load_tokenizer(name, threads=3, chunk_target=16384)
     assert len(tok.explain(text)["cuts"]) >= 3
     pieces = tok.pieces
-    fast, slow = [], []
-    encode_many = pieces.main.encoder.encode_many
+    routed_by = set()
+    encode_routed = pieces._encode_routed
+
+    def traced(*args, **kwargs):
+        routed_by.add(threading.get_ident())
+        return encode_routed(*args, **kwargs)
+
+    stretches_by = set()
     encode_stretches = pieces.reference.encode_stretches
 
-    def traced_fast(texts):
-        fast.append(len(texts))
-        return encode_many(texts)
-
-    def traced_slow(texts):
-        slow.append(len(texts))
+    def traced_stretches(texts):
+        stretches_by.add(threading.get_ident())
         return encode_stretches(texts)
 
-    monkeypatch.setattr(pieces.main.encoder, "encode_many", traced_fast)
-    monkeypatch.setattr(pieces.reference, "encode_stretches", traced_slow)
-    for special in (True, False):
-        fast.clear(), slow.clear()
-        assert list(tok.encode(text, add_special_tokens=special)) == ref_ids(tok, text, special)
-        assert len(fast) >= 2 and slow, (fast, slow)
+    monkeypatch.setattr(pieces, "_encode_routed", traced)
+    monkeypatch.setattr(pieces.reference, "encode_stretches", traced_stretches)
+    # each run taken whole: with the steps, which thread takes a run's later chunks is a
+    # matter of timing (tests/test_fast.py checks the steps)
+    with testing.switched_off(testing.OFF_STEPS):
+        for special in (True, False):
+            assert list(tok.encode(text, add_special_tokens=special)) == ref_ids(tok, text,
+                                                                                 special)
+    assert len(routed_by) >= 2 and len(stretches_by) >= 2

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from contextlib import nullcontext
 
 import pytest
 
@@ -825,10 +827,9 @@ def encode_recording_threads(monkeypatch, tok: dtok.Tokenizer, text: str
     return ids, seen
 
 
-def test_threads_share_a_texts_chunks_and_never_wait_for_one_that_did_not_start(monkeypatch):
-    """A text cut into many chunks, which the characters say to split, goes in contiguous
-    groups, one encoder call a thread, with the threads left to dtok as with an explicit
-    ``threads``. A pool thread
+def test_threads_take_runs_of_chunks_and_never_wait_for_one_that_did_not_start(monkeypatch):
+    """A text cut into many chunks, which the characters say to split, goes in contiguous runs,
+    one a thread, with the threads left to dtok as with an explicit ``threads``. A pool thread
     that never gets to run is not waited for: the calling thread encodes its run too. The IDs
     are the reference's each time."""
     from concurrent.futures import Future
@@ -836,6 +837,7 @@ def test_threads_share_a_texts_chunks_and_never_wait_for_one_that_did_not_start(
     from dtok import pieces
 
     monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
+    monkeypatch.setenv("FASTOKENS_BPE_THREADS", "1")  # as dtok holds it there
     base = fast_tok("qwen3", content_lookup=False)  # its other text in 64K chunks on any threads
     auto, two = base.with_knobs(threads=None), base.with_knobs(threads=2)
     multi = read_text("multilingual", "udhr_all-languages_concatenated.txt")
@@ -863,6 +865,47 @@ def test_threads_share_a_texts_chunks_and_never_wait_for_one_that_did_not_start(
         assert ids == want and set(seen) == {"caller"}, seen
 
 
+def test_the_caller_takes_the_rest_of_a_slow_pool_threads_run_from_the_back(monkeypatch):
+    """A pool thread whose CPU is shared (here each of its steps first waits 30 ms, as a thread
+    given a slice of a busy CPU would) takes its run of chunks a step at a time from the front,
+    and the calling thread, done with its own run, takes the rest from the back: it encodes
+    most of the text instead of waiting. The control: with a step as long as the run (the run
+    taken whole), the caller encodes only its own run. The IDs are the reference's each time."""
+    from dtok import pieces, testing
+
+    monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
+    tok = fast_tok("qwen3", content_lookup=False).with_knobs(threads=2)
+    multi = read_text("multilingual", "udhr_all-languages_concatenated.txt")
+    text = (multi * (1 + 1_000_000 // len(multi)))[:1_000_000]
+    assert "16 chunks on 2 thread(s)," in tok.explain(text)["why"]
+    want = ref_ids(tok, text)
+    routed = tok.pieces._encode_routed
+    caller = threading.current_thread()
+    for whole, caller_takes_more in ((False, True), (True, False)):
+        chunks = {"caller": 0, "pool": 0}
+        pool_took = threading.Event()
+
+        def slow_pool_thread(texts, parallel, *rest):
+            mine = threading.current_thread() is caller
+            if mine and not chunks["caller"]:
+                # the caller's own run waits until the pool thread has taken its first step,
+                # so a pool thread that starts late on a loaded machine cannot make the control
+                # see the caller take the whole run (the fallback for a thread that never ran)
+                assert pool_took.wait(10), "the pool thread never started"
+            if not mine:
+                pool_took.set()
+                time.sleep(0.03)
+            chunks["caller" if mine else "pool"] += len(texts)
+            return routed(texts, parallel, *rest)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(tok.pieces, "_encode_routed", slow_pool_thread)
+            with (testing.switched_off(testing.OFF_STEPS) if whole else nullcontext()):
+                assert list(tok.encode(text)) == want
+        assert chunks["caller"] + chunks["pool"] == 16, chunks
+        assert (chunks["caller"] > 8) is caller_takes_more, (whole, chunks)
+
+
 def test_default_threads_do_not_split_a_piece_unevenly(monkeypatch):
     """A piece's fast stretches around a guard character near its start are one short and one
     long: sharing them out puts nearly all the work on one thread, and with the threads left to
@@ -871,6 +914,7 @@ def test_default_threads_do_not_split_a_piece_unevenly(monkeypatch):
     from dtok import pieces
 
     monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
+    monkeypatch.setenv("FASTOKENS_BPE_THREADS", "1")  # as dtok holds it there
     base = fast_tok("qwen3", content_lookup=False)
     auto, two = base.with_knobs(threads=None), base.with_knobs(threads=2)
     prose = read_text("prose", "gutenberg-2701_moby-dick.txt")
