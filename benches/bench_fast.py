@@ -4,6 +4,7 @@
     python benches/bench_fast.py [--tokenizers ...] [--sizes 1000000] [--repeats 3] [--modes ...]
                                  [--pause-ms 20] [--hot] [--speed-only] [--pin CPU]
                                  [--peers gigatoken basetenkenizer toktier reference]
+                                 [--off "two-ended take" ...]
     python benches/bench_fast.py --breakdown-only
     python benches/bench_fast.py --order-only
     python benches/bench_fast.py --memory-only
@@ -21,7 +22,10 @@ Each (tokenizer, mode) runs in a fresh process with FASTOKENS_BPE_THREADS=1 (unl
 * ``2 threads``, ``2 threads+others``: dtok with its default threads (2 here; since
   2026-12-02 a text is shared out only where the split pays, docs/knobs.md#threads), against
   the same single-threaded peers and dtok's own ``threads=1`` (a tokenizer of its own load,
-  in the same rotation: ``dtok/dtok threads=1``).
+  in the same rotation: ``dtok/dtok threads=1``); with ``--off``, also dtok with each named
+  scheduling mechanism switched off (``dtok.testing.MECHANISMS``, its own load, called inside
+  ``dtok.testing.switched_off``: ``dtok no <mechanism>``), printed as its time over dtok's per
+  document (``off/on``).
 
 For every kind of text (prose, code, multilingual, adversarial: the adversarial corpus files
 concatenated) distinct documents (whole periods of a balanced rotation, at least
@@ -59,6 +63,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dtok.chunking import split_at  # noqa: E402
+from dtok.testing import MECHANISMS  # noqa: E402
 from common import (SHARED, balanced_order, balanced_period, documents, header,  # noqa: E402
                     machine, smaps, summary, write_json)
 
@@ -182,8 +187,10 @@ def outcome(fn, text: str):
 
 
 def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
-              pause_ms: float = PAUSE_MS, hot: bool = False, picked=PEERS) -> list[dict]:
+              pause_ms: float = PAUSE_MS, hot: bool = False, picked=PEERS,
+              off: tuple = ()) -> list[dict]:
     import dtok
+    from dtok import testing
 
     threads = 1 if mode.startswith("single") else None
     with_others = mode.endswith("+others")
@@ -204,6 +211,15 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
                     "dtok threads=1": lambda d: one.encode(d, add_special_tokens=False),
                     **{k: v for k, v in others.items() if k != "fastokens"}}
         tokenizers.append(one)
+        for m in off:  # each its own load, the mechanism off for its calls only
+            t = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name, content_lookup=False)
+
+            def without(d, t=t, m=m):
+                with testing.switched_off(m):
+                    return t.encode(d, add_special_tokens=False)
+
+            encoders[f"dtok no {m}"] = without
+            tokenizers.append(t)
     # Warm every encoder's word cache on other text first (a serving process is warm).
     for kind in KINDS:
         warm = documents(kind, 300_000, 7)[-1]
@@ -229,6 +245,8 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
             # among the threads by the characters alone
             for t in tokenizers:
                 t.encode_batch([spare[i:i + 65536] for i in range(0, len(spare), 65536)])
+            for m in off:  # and the spare as the variant without it meets a text
+                outcome(encoders[f"dtok no {m}"], (spare + " ")[:-1])
             wants = [ref.encode((doc + " ")[:-1], add_special_tokens=False).ids
                      for doc in docs[:-1]]
             wall = {k: [] for k in encoders}
@@ -277,6 +295,10 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
                 r = sorted(a / b for a, b in zip(wall["dtok"], wall[peer]))
                 row[f"dtok_over_{peer}"] = {"median": statistics.median(r), "min": r[0],
                                             "max": r[-1]}
+            for m in off:
+                r = sorted(a / b for a, b in zip(wall[f"dtok no {m}"], wall["dtok"]))
+                row[f"off_over_on:{m}"] = {"median": statistics.median(r), "min": r[0],
+                                           "max": r[-1], "per_document": r}
             rows.append(row)
             cells = "  ".join(f"{k} {row['wall'][k]['median_ms']:7.2f}"
                               + (f" WRONG {len(wrong[k])}/{len(wants)}" if wrong[k] else "")
@@ -284,13 +306,18 @@ def run_speed(name: str, mode: str, sizes: list[int], repeats: int,
             peer_ratios = "".join(
                 f"  dtok/{peer} {row[f'dtok_over_{peer}']['median']:.2f} "
                 f"[{row[f'dtok_over_{peer}']['min']:.2f}-{row[f'dtok_over_{peer}']['max']:.2f}]"
-                for peer in labels[2:])
+                for peer in labels[2:] if not peer.startswith("dtok no "))
             r = row["dtok_over_fastokens"]
             print(f"{name:12s} {mode:16s} {kind:12s} {size:>9,}  {cells} ms  dtok/fastokens "
                   f"{r['median']:.2f} [{r['min']:.2f}-{r['max']:.2f}] (cpu "
                   f"{row['cpu']['dtok']['median_ms'] / row['cpu']['fastokens']['median_ms']:.2f})"
                   f"  p99 dtok {row['wall']['dtok']['p99_ms']:.2f}  exact={exact}{peer_ratios}",
                   flush=True)
+            for m in off:
+                r = row[f"off_over_on:{m}"]
+                print(f"== {name} {mode} {kind} {size:,} {pause_ms:.0f} ms apart: no {m} / dtok "
+                      f"{r['median']:.2f} [{r['min']:.2f}-{r['max']:.2f}] over {len(wants)} "
+                      f"documents", flush=True)
             for label, bad in wrong.items():
                 for i, first, snippet in bad:
                     print(f"#   WRONG {label} on {kind} document {i}: first differing ID at "
@@ -512,7 +539,7 @@ def run_memory(name: str, encoder: str) -> dict:
 def child(args) -> None:
     if args.child == "speed":
         rows = run_speed(args.tokenizers[0], args.mode, args.sizes, args.repeats, args.pause_ms,
-                         args.hot, args.peers)
+                         args.hot, args.peers, tuple(args.off))
     elif args.child == "breakdown":
         rows = run_breakdown(args.tokenizers[0], args.repeats)
     elif args.child == "order":
@@ -549,6 +576,9 @@ def main() -> None:
     ap.add_argument("--pin", type=int, default=None, metavar="CPU",
                     help="run every measuring process on this one CPU (one pinned core for "
                          "each encoder; dtok's default threads are then 1)")
+    ap.add_argument("--off", nargs="*", default=[], choices=list(MECHANISMS),
+                    help="modes with dtok's default threads: also dtok with each of these "
+                         "scheduling mechanisms switched off (dtok.testing.MECHANISMS)")
     ap.add_argument("--child", choices=["speed", "memory", "breakdown", "order", "pieces"],
                     help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
@@ -581,6 +611,7 @@ def main() -> None:
                "--repeats", str(args.repeats), "--pause-ms", str(args.pause_ms),
                *(["--hot"] if args.hot else []), "--peers", *args.peers,
                *(["--pin", str(args.pin)] if args.pin is not None else []),
+               *(["--off", *args.off] if args.off else []),
                "--sizes", *map(str, args.sizes)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         for line in proc.stdout.splitlines():

@@ -17,7 +17,10 @@ documents measures a second thread that has met no words. Variants: dtok's defau
 (``AUTO_SPLIT_SAVING``), the bound before 2026-12-06 (1,250,000: 1M characters of Latin text
 and 400K of other text on one thread, 1M of other text split), ``threads=1`` and ``threads=2``.
 ``--variants`` picks some (the first is compared with the others), among them ``threads never
-renewed`` (knob ``thread_renew_chars=0``: the encoding threads, and their memos, live on).
+renewed`` (knob ``thread_renew_chars=0``: the encoding threads, and their memos, live on) and
+one ``no <mechanism>`` for each scheduling mechanism of ``dtok.testing.MECHANISMS``, switched
+off alone for the whole process (``dtok.testing.switched_off``; docs/benchmarks.md#scheduling-
+mechanisms-each-switched-off).
 fastokens is held to one thread of its own on 2 CPUs, as dtok's default does. Every output's
 digest is compared with the reference's, computed first in this process. Printed per repeat
 and kind: each variant's mean, median and P99; then the default's median over the others'
@@ -39,10 +42,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from dtok.testing import MECHANISMS  # noqa: E402
 from common import (LETTERS, SHARED, balanced_order, documents, header, machine,  # noqa: E402
                     permuted_letters, summary, transcript_windows, write_json)
 
-VARIANTS = ["default", "before", "threads=1", "threads=2", "threads never renewed"]
+VARIANTS = ["default", "before", "threads=1", "threads=2", "threads never renewed",
+            *(f"no {m}" for m in MECHANISMS)]
 KINDS = ["transcripts", "prose", "prose, new words", "code", "multilingual", "adversarial",
          "multilingual, 400K"]
 BOUND_BEFORE = 1_250_000  # dtok.pieces.AUTO_SPLIT_SAVING until 2026-12-06
@@ -76,7 +81,11 @@ def digest(ids) -> str:
 def child(variant: str, name: str, pause_s: float, requests: int) -> dict:
     """Wall times and output digests of one variant's stream, in this fresh process."""
     import dtok
+    from dtok import testing
 
+    if variant.startswith("no "):
+        with testing.switched_off(variant[3:]):
+            return child("default", name, pause_s, requests)
     threads = {"threads=1": 1, "threads=2": 2}.get(variant)
     renew = {"thread_renew_chars": 0} if variant == "threads never renewed" else {}
     tok = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name, content_lookup=False,

@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator
 
+from dtok import testing
 from dtok.allocator import release_free_heap
 from dtok_ext.cpus import current_cpu
 
@@ -82,7 +83,7 @@ class EncodeThreads:
         them off the caller's CPU, and take back every CPU the caller may use when each job
         ends."""
         placement, executor = self._handing(chars)
-        allowed = placement.keep_off_caller()
+        allowed = None if testing.is_off(testing.OFF_AFFINITY) else placement.keep_off_caller()
         if allowed is None:
             return [executor.submit(job) for job in jobs]
         return [executor.submit(_then_on_cpus, allowed, job) for job in jobs]
@@ -92,7 +93,7 @@ class EncodeThreads:
         the caller waits (no placement: the caller's CPU is free for them; a thread narrowed for
         a job it did not get takes it back)."""
         placement, executor = self._handing(chars)
-        allowed = placement.caller_cpus()
+        allowed = None if testing.is_off(testing.OFF_AFFINITY) else placement.caller_cpus()
         if allowed is None:
             return executor.map(fn, items)
         return executor.map(lambda item: _on_cpus(allowed, partial(fn, item)), items)

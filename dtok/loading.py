@@ -23,17 +23,11 @@ if TYPE_CHECKING:  # the probes' module is imported when probes start
     from dtok.probes import ProbeJob
 
 __all__ = ["Lane", "Loaded", "FastParts", "Upgrade", "load", "fast_parts_from_cache",
-           "SECOND_WINS", "LONG_PIECE_WINS"]
+           "SECOND_WINS"]
 
 # The second fast encoder takes a text class when its guard table measured it at most this
 # fraction of fastokens' time on that class (a margin over the measurement's noise).
 SECOND_WINS = 0.9
-# fastokens takes text of a class other than Latin in long pieces (one a thread, where one
-# thread encodes it) when its guard table measured a whole 1M-character document at most this
-# fraction of the time of the same document cut (tools/data/build_guards.py --long-pieces): cut
-# text also costs the route's work per piece, which that does not measure (the tested files'
-# ratios: docs/knobs.md#chunks, docs/benchmarks.md#the-fast-encoders-pieces).
-LONG_PIECE_WINS = 1.0
 
 
 class Lane(NamedTuple):
@@ -58,9 +52,6 @@ class Loaded(NamedTuple):
     second: Lane | None
     second_classes: frozenset[str]
     notes: tuple[str, ...]  # what was loaded and why (Tokenizer.stats()["notes"])
-    # text classes the main fast encoder takes in long pieces on one thread (LONG_PIECE_WINS;
-    # Latin text on every file)
-    long_piece_classes: frozenset[str]
     # encode_special_tokens: the reference takes special-token strings as plain text; they are
     # found by ``literal`` in pieces, whose stretches the fast encoders (which would match
     # them) never get
@@ -121,7 +112,7 @@ def load(files: TokenizerFiles, encoder: str = "auto",
                          "strings are plain text; stretches holding one go to the reference")
     loaded = Loaded(files.released(), reference, admission, rules, fast.encoder,
                     fast.nfc_by_fast, fast.second, fast.second_classes, tuple(notes),
-                    fast.long_piece_classes, encode_special_tokens, literal, upgrade, table_sha)
+                    encode_special_tokens, literal, upgrade, table_sha)
     if upgrade is not None:
         upgrade.attach(loaded)
     _release_free_heap()
@@ -136,10 +127,9 @@ class FastParts(NamedTuple):
     nfc_by_fast: bool
     second: Lane | None
     second_classes: frozenset[str]
-    long_piece_classes: frozenset[str]
 
 
-_NO_FAST = FastParts(None, None, False, None, frozenset(), frozenset({"latin"}))
+_NO_FAST = FastParts(None, None, False, None, frozenset())
 
 
 class _RuleMaker:
@@ -178,10 +168,6 @@ def _fast_parts(json_file: JsonFile, reference, admission: Admission, table_sha:
         return _NO_FAST
     nfc_by_fast = admission.nfc and guard.nfc_proven
     rules = maker.rules(guard, nfc_by_fast)
-    long_piece_classes = frozenset({"latin"})
-    if guard.encoder == "fastokens":
-        long_piece_classes |= {c for c, r in guard.speed.get("long_piece", {}).items()
-                               if r <= LONG_PIECE_WINS}
     second: Lane | None = None
     second_classes: frozenset[str] = frozenset()
     if giga is not None:
@@ -189,7 +175,7 @@ def _fast_parts(json_file: JsonFile, reference, admission: Admission, table_sha:
         second = Lane(giga, maker.rules(giga_guard, nfc), nfc)
         second_classes = frozenset(
             c for c, r in giga_guard.speed.get("ratio", {}).items() if r <= SECOND_WINS)
-    return FastParts(fast, rules, nfc_by_fast, second, second_classes, long_piece_classes)
+    return FastParts(fast, rules, nfc_by_fast, second, second_classes)
 
 
 def _table_sha(files: TokenizerFiles, admission: Admission, notes: list[str]) -> str:

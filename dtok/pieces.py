@@ -13,6 +13,7 @@ import threading
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from dtok import testing
 from dtok.chunking import Chunker, split_at
 from dtok.encoders import ReferenceEncoder, available_cpus, fastokens_bpe_threads
 from dtok.knobs import default_threads
@@ -25,66 +26,31 @@ if TYPE_CHECKING:
 
 __all__ = ["PieceEncoder", "text_class", "affixed_view"]
 
-# Reference stretches closer than this are sent as one (a piece costs a few microseconds in each
-# encoder; the reference takes ~0.5 us per character).
+# The figures behind each constant below: docs/benchmarks.md#figures-behind-the-scheduling-constants
+# (the rules: docs/knobs.md#chunks, docs/knobs.md#threads).
+
+# Reference stretches closer than this are sent as one (each encoder call costs microseconds).
 COALESCE_GAP = 32
-# Below this many characters of work per thread, the chunks of a text are encoded in one call.
+# Below this many characters of work per thread, a text's chunks are encoded in one call.
 PARALLEL_MIN_CHARS = 32768
-# No fast encoder gets a stretch without a safe cut longer than this: fastokens 0.3.5 keeps
-# scratch memory for the longest pre-token it has encoded (~45 bytes a character, on the
-# calling thread or its own BPE thread, never given back: 8M 'a' left 350 MiB behind) and
-# gigatoken would cache it. Such stretches (huge single-class runs) go to the reference, whose
-# memory is given back. No text of the corpus has a cut-free stretch over 4,096 characters.
+# A longer cut-free stretch goes to the reference: fastokens keeps scratch for its longest
+# pre-token, for good (docs/encoders.md#guards).
 LONGEST_FAST_STRETCH = 65536
-# The stateless route gives a fast encoder Latin text in one piece per encoding thread, up to
-# this long (PieceEncoder.chunk_target): on one thread 64K chunks took 1.10-1.16x the time of
-# one piece on 1M characters of prose, 1.02-1.10x on code (bench_fast.py --pieces-only), and
-# fastokens keeps scratch memory for its longest input on each thread (~1 MiB more per thread
-# for a 1M piece than for chunks; a 4M piece: +9 MiB, for good).
+# The longest piece a fast encoder gets: a longer one costs scratch memory kept on each thread.
 LONGEST_FAST_PIECE = 1 << 20
-# Other text that fastokens encodes faster in long pieces (``long_piece_classes``), shared out
-# among threads, goes in this many pieces per thread (each one step of a run, so the calling
-# thread can still take one from the back): over a server's stream on two threads (Llama-3.1
-# and DeepSeek-V3, 1M characters of multilingual and adversarial text) 0.72-0.85 of the time
-# of 64K chunks 20 ms apart, 1.03-1.04 back to back (within the noise); on Qwen3, whose other
-# text is not such a class, such pieces took 1.15-1.21x back to back
-# (docs/benchmarks.md#default-threads).
-LONG_PIECES_PER_THREAD = 2
-# A pool thread encodes its run of pieces (a text's chunks) in steps of at most this many
-# characters (at least one piece: two chunks of 64K, with room for where their cuts fell, or
-# one longer piece), so that the calling thread, done with its own run, can take the rest from
-# the back: a pool thread whose CPU is shared (another library's threads still spinning there,
-# another process) or that woke late is then not waited for to the end of its run. Each step
-# is one more encoder call and GIL hand-back, which 20 ms after the last call may cost a
-# wake-up.
+# A pool thread takes its run of chunks in steps of at most this many characters (at least one
+# piece), so that the calling thread, done with its own run, can take the rest from the back.
 RUN_STEP_CHARS = 160_000
-# :func:`text_class` reads this many runs of this many characters of a long piece.
+# :func:`text_class` reads this many runs of this many characters of a long piece (reading it
+# all would cost a tenth of the encode it decides on).
 CLASS_RUNS, CLASS_RUN = 16, 256
-# With the threads left to dtok (knob ``threads=None``), work is shared out among threads only
-# where the split is expected to save at least this much of it, in characters of Latin text on
-# a fast encoder: on two threads 1M characters of prose or code are split (a saving of 500K
-# characters, ~2 ms of fastokens), 800K stay on one thread. Over a server's stream of
-# 1M-character requests (benches/bench_split_stream.py, the 2-vCPU KVM guest dtok is measured
-# on) a split of Latin text took 0.71-1.00 of one thread's time, 20 ms apart and back to back.
-# Until 2026-12-06 the bound was 1,250,000 (1M Latin characters on one thread), from benches
-# that met each document in a fresh process: a split had cost 1.07-1.12x one thread's time
-# there, but fastokens keeps its memo of words met per thread, and a fresh process's second
-# thread has met none (docs/encoders.md). An explicit ``threads`` is used as given.
+# With ``threads=None``, a split must save this much work (characters of Latin text on a fast
+# encoder) where fastokens runs one BPE thread a call: chosen over a server's stream of requests.
 AUTO_SPLIT_SAVING = 450_000
-# The bound where fastokens shares one long call among BPE threads of its own (more CPUs than
-# dtok.encoders.FASTOKENS_OWN_THREADS_MAX_CPUS and FASTOKENS_BPE_THREADS unset), and for other
-# main encoders: there a split competes with those threads, and only the bound before was
-# measured (16 cores, 2026-12-04: with it, 1M characters of Latin text on one thread, dtok's
-# default took 0.66-1.43 of fastokens alone's time; a split of 1M of other text on 16 threads
-# lost, 1.53-2.29x: docs/benchmarks.md#on-16-cores).
+# The bound beside fastokens' own BPE threads (or another main encoder): the only one measured
+# there (16 cores).
 AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS = 1_250_000
-# Work per character in those units: a fast encoder's other text costs 3-4x its Latin text
-# (1M characters: 11-17 ms against ~4); the reference ~100x (~0.5 us a character). The guard
-# tables record each file's mean (``speed.text_weight``: 1.8-2.9x); weighing by it instead was
-# not shown better (benches/bench_split_weight.py, Llama-3.1: 1.27x then 0.80x the fixed
-# weight's time minutes apart, docs/benchmarks.md#default-threads): one text's cost varies up
-# to 2x about the mean.
-TEXT_WEIGHT = {"latin": 1, "other": 3}
+# Work per character of the reference in those units (it takes ~0.5 us a character).
 REFERENCE_WEIGHT = 100
 
 
@@ -102,16 +68,6 @@ def text_class(piece: str) -> str:
         "".join([piece[i : i + CLASS_RUN] for i in range(0, len(piece), step)])
     return "latin" if len(sample.encode("utf-8", "surrogatepass")) * 10 <= len(sample) * 11 \
         else "other"
-
-
-def items_class(items: list) -> str:
-    """:func:`text_class` of (slot, text) items, by a sample of them all: the start of up to
-    CLASS_RUNS items spread over the list (the chunks of one text can differ: the first of a
-    multilingual document may be Latin text)."""
-    if len(items) == 1:
-        return text_class(items[0][1])
-    step = max(1, len(items) // CLASS_RUNS)
-    return text_class("".join([t[:CLASS_RUN] for _, t in items[::step]]))
 
 
 def _even_runs(items: list, n: int, total: int | None = None) -> list[list]:
@@ -194,10 +150,7 @@ class PieceEncoder:
                          loaded.nfc_by_fast)
         self.second: Lane | None = loaded.second if use_fast else None
         self.second_classes = loaded.second_classes if use_fast else frozenset()
-        self.long_piece_classes = loaded.long_piece_classes
-        self.text_weight = dict(TEXT_WEIGHT)  # what the split rule weighs a fast encoder's text by
         self.split_saving = self._split_saving()  # the split rule's bound (split_pays)
-        self._run_step_chars = RUN_STEP_CHARS  # private hook: a run's length takes it whole
         # encode_special_tokens: special-token strings are plain text to the reference, while
         # the fast encoders would match them; stretches holding one go to the reference
         self.literal = loaded.literal
@@ -220,7 +173,6 @@ class PieceEncoder:
         """Serve with the fast encoders from now on (their guard probes finished after the
         load). A call already running finishes on the lanes it read: each is exact."""
         self.second, self.second_classes = parts.second, parts.second_classes
-        self.long_piece_classes = parts.long_piece_classes
         self.rules = parts.rules
         self.main = Lane(parts.encoder, parts.rules, parts.nfc_by_fast)
         self.split_saving = self._split_saving()
@@ -249,7 +201,8 @@ class PieceEncoder:
             # whole (a session's turn): one call, without its lists and groups
             self._count(fast=len(pieces))
             return [[ids] for ids in main.encoder.encode_many(pieces)]
-        runs = [] if batch or len(pieces) == 1 else self._groups(list(enumerate(pieces)), True)
+        runs = [] if batch or len(pieces) == 1 or testing.is_off(testing.OFF_RUNS) \
+            else self._groups(list(enumerate(pieces)), True)
         if len(runs) > 1:
             return self._encode_runs(runs)
         return self._encode_routed(pieces, True, batch)
@@ -257,16 +210,18 @@ class PieceEncoder:
     def _encode_runs(self, runs: list[list]) -> list[list]:
         """:meth:`encode_texts` of runs of (slot, piece) items, each run routed and encoded on a
         thread of its own, the first on this one. A pool thread takes its run's pieces from
-        the front, up to ``_run_step_chars`` characters a step; this thread, done with its own
+        the front, up to RUN_STEP_CHARS characters a step; this thread, done with its own
         run, takes what is left of the others from the back (so it never waits for a pool
         thread that got its CPU late, or shares it, to the end of its run) and then waits only
         for the steps the pool threads are encoding."""
         texts = [[p for _, p in run] for run in runs]
         out: list[list] = [[None] * len(run) for run in texts]
         ends = [_TwoEnds([len(p) for p in run]) for run in texts]
+        step = 1 << 62 if testing.is_off(testing.OFF_STEPS) else RUN_STEP_CHARS
+        two_ends = not testing.is_off(testing.OFF_TWO_ENDS)
 
         def drain(k: int, back: bool) -> None:
-            while (span := ends[k].take(self._run_step_chars, back)) is not None:
+            while (span := ends[k].take(step, back)) is not None:
                 a, b = span
                 out[k][a:b] = self._encode_routed(texts[k][a:b], False)
 
@@ -274,9 +229,12 @@ class PieceEncoder:
                                       sum(map(len, (p for run in texts[1:] for p in run))))
         out[0] = self._encode_routed(texts[0], False)
         for k in range(1, len(runs)):
-            drain(k, True)
-        for fut in pending:
-            if not fut.cancel():  # one that never started has nothing left to do
+            if two_ends:
+                drain(k, True)
+        for k, fut in enumerate(pending, 1):
+            if fut.cancel():  # one that never started has nothing left to do, or all its run
+                drain(k, False)
+            else:
                 fut.result()
         return [ids for run in out for ids in run]
 
@@ -392,21 +350,16 @@ class PieceEncoder:
     def chunk_target(self, text: str) -> int:
         """The chunk length the stateless route aims at for ``text``, up to
         LONGEST_FAST_PIECE: on a fast encoder, one piece per encoding thread for Latin text
-        (:func:`text_class`), and for other text where the file's guard table measured
-        fastokens faster on it whole (``long_piece_classes``: Llama-3.1 and DeepSeek-V3) one
-        piece on one thread, LONG_PIECES_PER_THREAD on several; else the knob
-        ``chunk_target``: the reference's cost per chunk grows faster than linearly with the
-        chunk's length, and on Qwen3 (its NFC) and gpt-oss a 1M document of other text whole
-        took 1.2-1.8x its time in such chunks."""
+        (:func:`text_class`); else the knob ``chunk_target`` (the reference's cost per chunk
+        grows faster than linearly with the chunk's length; a fast encoder's other text in
+        long pieces did not pay: docs/knobs.md#chunks)."""
         target = self.chunker.target
         if self.main.encoder is self.reference or self.second is not None:
             return target
-        cls = text_class(text)
-        if cls not in self.long_piece_classes:
+        if text_class(text) != "latin":
             return target
-        threads = self.useful_threads(len(text), self.text_weight[cls])
-        pieces = threads if cls == "latin" or threads == 1 else threads * LONG_PIECES_PER_THREAD
-        return max(target, min(LONGEST_FAST_PIECE, -(-len(text) // pieces)))
+        threads = self.useful_threads(len(text), 1)
+        return max(target, min(LONGEST_FAST_PIECE, -(-len(text) // threads)))
 
     def chunk_count(self, text: str) -> int:
         """How many chunks the stateless route cuts ``text`` into (of about
@@ -553,7 +506,7 @@ class PieceEncoder:
         """The threads worth sharing ``chars`` characters of work among, each worth ``weight``
         characters of Latin text on a fast encoder: ``threads``, or with the threads left to
         dtok, 1 where an even split would not pay (:meth:`split_pays`: on two threads 800K
-        characters of prose stay on one thread, 1M go on two; other text counts 3x)."""
+        characters of a fast encoder's text stay on one thread, 1M go on two)."""
         n = self.threads
         if n > 1 and not self.split_pays(chars, chars / n, weight):
             return 1
@@ -566,7 +519,9 @@ class PieceEncoder:
         it saves at least :attr:`split_saving` (the other shares' work, which the other threads
         take off the largest's thread; AUTO_SPLIT_SAVING where fastokens runs one BPE thread a
         call, AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS otherwise)."""
-        return not self.auto_threads or (chars - largest) * weight >= self.split_saving
+        bound = AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS if testing.is_off(testing.OFF_TWO_BOUNDS) \
+            else self.split_saving
+        return not self.auto_threads or (chars - largest) * weight >= bound
 
     def split_threads(self, pieces: list[str]) -> int:
         """The threads :meth:`encode_texts` shares these pieces (a text's chunks) among: the
@@ -578,14 +533,14 @@ class PieceEncoder:
     def _groups(self, items: list, fast: bool, one: bool = False) -> list[list]:
         """Split (slot, text) items into groups of about equal length, one encoder call each:
         at most :meth:`useful_threads` of them for the items' work (``fast``: text for a fast
-        encoder, weighed by :func:`items_class`; else stretches for the reference); short work
+        encoder; else stretches for the reference, REFERENCE_WEIGHT a character); short work
         stays in one group (a thread hand-off costs more)."""
         if not items:
             return []
         total = sum(len(t) for _, t in items)
         n = 1 if one else min(self.threads, len(items), max(1, total // PARALLEL_MIN_CHARS))
         if n > 1:
-            weight = self.text_weight[items_class(items)] if fast else REFERENCE_WEIGHT
+            weight = 1 if fast else REFERENCE_WEIGHT
             n = min(n, self.useful_threads(total, weight))
         if n == 1:
             return [items]

@@ -11,6 +11,16 @@ function for that hook with :func:`hooked`:
 >>> testing.run_hook(testing.AFTER_PUBLISH, "after")
 >>> seen
 ['entry']
+
+Benches switch dtok's scheduling mechanisms off the same way, one at a time, to measure what
+each is worth (:func:`switched_off`; benches/bench_split_stream.py ``--variants``,
+docs/benchmarks.md#scheduling-mechanisms-each-switched-off):
+
+>>> with testing.switched_off(testing.OFF_TWO_ENDS):
+...     testing.is_off(testing.OFF_TWO_ENDS)
+True
+>>> testing.is_off(testing.OFF_TWO_ENDS)
+False
 """
 from __future__ import annotations
 
@@ -30,7 +40,25 @@ IN_PROCESS_ENCODE = "in_process_encode"
 #: ``_hang_starts``: {worker index: starts that never come up}).
 ZYGOTE_CONFIG = "zygote_config"
 
+#: Scheduling mechanisms :func:`switched_off` turns off (those the ablation of 2026-12-07 kept;
+#: it removed long pieces of other text and text weights): a text's chunks shared among threads
+#: in contiguous runs, each thread routing its own (dtok.pieces; off: routed in the calling
+#: thread, then each encoder's calls shared out);
+OFF_RUNS = "runs of chunks"
+#: a pool thread's run taken a step (RUN_STEP_CHARS) at a time (off: whole);
+OFF_STEPS = "steps of runs"
+#: the calling thread, done with its run, takes the others' rest from the back (off: it waits);
+OFF_TWO_ENDS = "two-ended take"
+#: pool threads handed work beside the caller kept off the caller's CPU (dtok.encode_threads;
+#: off: not placed);
+OFF_AFFINITY = "CPU affinity"
+#: the split bound for fastokens on one BPE thread (AUTO_SPLIT_SAVING; off: the bound beside
+#: fastokens' own BPE threads, AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS, everywhere).
+OFF_TWO_BOUNDS = "two split bounds"
+MECHANISMS = (OFF_RUNS, OFF_STEPS, OFF_TWO_ENDS, OFF_AFFINITY, OFF_TWO_BOUNDS)
+
 _installed: dict[str, Callable] = {}
+_off: set[str] = set()
 
 
 def run_hook(name: str, *args) -> None:
@@ -50,3 +78,24 @@ def hooked(name: str, fn: Callable) -> Iterator[None]:
         yield
     finally:
         del _installed[name]
+
+
+def is_off(name: str) -> bool:
+    """Whether a bench switched the mechanism ``name`` off (one set lookup: dtok asks on every
+    call that schedules work)."""
+    return name in _off
+
+
+@contextmanager
+def switched_off(*names: str) -> Iterator[None]:
+    """Switch the scheduling mechanisms ``names`` off while the block runs (process-wide: every
+    tokenizer, every thread)."""
+    unknown = set(names) - set(MECHANISMS)
+    if unknown:
+        raise ValueError(f"no such mechanism: {sorted(unknown)}")
+    added = set(names) - _off
+    _off.update(added)
+    try:
+        yield
+    finally:
+        _off.difference_update(added)

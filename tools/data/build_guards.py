@@ -27,13 +27,12 @@ only prints: it has no guard tables, so dtok could serve nothing from it before 
 one-thread case it decides), fastokens on 1M-character documents of the text classes other
 than Latin, whole against cut where the stateless route cuts them (the knob ``chunk_target``,
 slicing included), and record the median ratio whole / cut per class in the file's table
-(``speed.long_piece``): dtok gives the fast encoder such text in one piece, where one thread
-encodes it, when it took at most ``dtok.loading.LONG_PIECE_WINS`` of the cut time (Latin text
-always: bench_fast.py --pieces-only). It also records the work per character of each class
-against Latin text (prose and code whole), each in the form dtok gives it
-(``speed.text_weight``), which benches/bench_split_weight.py weighs the default threads' split
-by against the fixed ``dtok.pieces.TEXT_WEIGHT``. Each document is a fresh copy; the forms
-alternate which goes first, 20 ms apart (requests spaced out).
+(``speed.long_piece``), and the work per character of each class against Latin text (prose and
+code whole), in the faster form (``speed.text_weight``). dtok reads neither since the ablation
+of 2026-12-07 (other text in long pieces and weighed 3x did not pay:
+docs/benchmarks.md#scheduling-mechanisms-each-switched-off); the records stay measurements.
+Each document is a fresh copy; the forms alternate which goes first, 20 ms apart (requests
+spaced out).
 """
 import argparse
 import gzip
@@ -236,8 +235,6 @@ def _paired(forms: dict, d: int) -> dict[str, float]:
 
 def record_long_pieces(path: Path, out: Path, corpus: Path | None) -> None:
     from dtok.chunking import split_at
-    from dtok.loading import LONG_PIECE_WINS
-
     os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
     tok = Tokenizer.from_file(path, encoder="reference")  # the knob chunk_target's cuts
     fast = FastEncoder(tok.tokenizer_json(), tok.reference)
@@ -263,7 +260,7 @@ def record_long_pieces(path: Path, out: Path, corpus: Path | None) -> None:
         # document of Latin text (alternating): the machine's drift cancels in the pair.
         # Means, not medians: the class mixes kinds of unlike cost (multilingual text cost up
         # to 1.5x adversarial text), whose work adds up
-        whole = ratio[cls] <= LONG_PIECE_WINS
+        whole = ratio[cls] <= 1.0  # whole faster
         times = {"other": [], "latin": []}
         for d, (kind, doc) in enumerate(docs):
             form = fast.encode if whole else cut[d]
