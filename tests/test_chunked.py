@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import load_tokenizer, read_text, ref_ids
+from conftest import load_tokenizer, read_text, ref_ids, tokenizer_path
 
 LONG = {
     "prose": lambda: read_text("prose", "gutenberg-2701_moby-dick.txt")[:400_000],
@@ -58,6 +58,11 @@ def test_fast_encoder_gets_latin_text_in_one_piece_per_thread(name, threads):
     whole: docs/benchmarks.md#scheduling-mechanisms-each-switched-off)."""
     from dtok.pieces import LONGEST_FAST_PIECE
 
+    path = tokenizer_path(name)
+    if path.name != name:
+        pytest.skip(f"needs {name}'s own tables: its small stand-in {path.name} (the real file is "
+                    "only in ../shared) has a gigatoken table that takes Latin text, which then "
+                    "keeps the chunks of chunk_target")
     tok = load_tokenizer(name, content_lookup=False, threads=threads)
     prose = read_text("prose", "gutenberg-2701_moby-dick.txt")[:1_000_000]
     ex = tok.explain(prose)
