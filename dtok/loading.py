@@ -234,8 +234,8 @@ class Upgrade:
             if self.job is not None or self.done or self.error:
                 return
             version = fastokens_version()
-            cached = guards.load(self.table_sha, version) if version else None
-            if cached is None:
+            cached = version is not None and guards.exists(self.table_sha, version)
+            if not cached:
                 path = Path(self.path) if self.path else None
                 same_file = path is not None and path.is_file() \
                     and loaded.admission.sha256 == self.table_sha
@@ -249,7 +249,7 @@ class Upgrade:
                 except OSError as exc:  # no cache to write, no process to start: the reference
                     self.error = f"{type(exc).__name__}: {exc}"
                 return
-        self._done(cached)
+        self._done(None)
 
     def subscribe(self, pieces) -> None:
         """``pieces`` takes the fast encoder when it comes (at once if it has come)."""
@@ -273,6 +273,8 @@ class Upgrade:
             self.start()
 
     def _done(self, table) -> None:
+        """The table is in the cache (``table``: what the job wrote, or None where the cache
+        held it already): take it, and tell whoever asked."""
         loaded = self._loaded
         if loaded is None:  # the job's callback: attach() sets it before the job begins
             raise RuntimeError("guard probes ended before they were started")
@@ -314,7 +316,7 @@ def fast_parts_from_cache(loaded: Loaded, table_sha: str | None = None
     version = fastokens_version()
     sha = table_sha or loaded.table_sha or loaded.admission.sha256
     if not loaded.admission.admitted or loaded.encode_special_tokens or version is None \
-            or guards.load(sha, version) is None:
+            or not guards.exists(sha, version):
         return None, notes
     with JsonFile(loaded.reference.to_str().encode("utf-8")) as json_file:
         parts = _fast_parts(json_file, loaded.reference, loaded.admission, sha, True, notes,

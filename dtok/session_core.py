@@ -168,11 +168,11 @@ class SessionState:
         ``session_bytes`` bounds (an ID buffer as :attr:`ACCOUNT_CAPACITY` says)."""
         held, anchors = self.buffers, self.anchors
         size = (sys.getsizeof(self.text) if self.text is not None else 0) \
-            + (8 * (len(anchors.offsets) + len(anchors.tokens)) if anchors is not None else 0)
+            + (anchors.nbytes if anchors is not None else 0) + self.lists.nbytes
         for buffer in (held.current, held.spare):
             if buffer is not None:
                 size += 4 * (buffer.capacity if self.ACCOUNT_CAPACITY else len(buffer))
-        return size + self.lists.nbytes if self.lists._lists else size  # (no call: none made)
+        return size
 
 
 class KeptLists:

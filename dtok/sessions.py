@@ -246,7 +246,7 @@ class SessionStore:
         old = entry.text if entry is not None else None
         if old is None:
             return {} if key is None else {"session": f"no stored text for this {source}"}
-        if key is not None and len(text) < self.whole_below and old != text:
+        if key is not None and self._encodes_whole(old, text):
             return {"session": f"shorter than session_whole_below ({self.whole_below} "
                                "characters): encoded whole, kept for the next turn"}
         plan = self.planner.plan(old, entry.anchors, text)
@@ -270,7 +270,7 @@ class SessionStore:
         spliced in place (the stored entry keeps its IDs). ``max_chars``: None, and the entry
         untouched, where the plan would encode more than that (:meth:`PieceEncoder.work`)."""
         old, prefix = entry.text, None
-        if len(text) < self.whole_below and not borrowed and old != text:
+        if not borrowed and self._encodes_whole(old, text):
             # a short session: the stateless encode costs less than a continuation's work
             if max_chars is not None and self._pieces.work(len(text)) > max_chars:
                 return None
@@ -308,6 +308,11 @@ class SessionStore:
                     entry, text, "fallbacks" if plan.kind != "encode" else "full_encodes")
         entry.route = ROUTE_COUNTERS[plan.kind]
         return reused
+
+    def _encodes_whole(self, old: str | None, text: str) -> bool:
+        """A short session's turn (``session_whole_below``): the stateless encode costs less
+        than a continuation's work."""
+        return len(text) < self.whole_below and old != text
 
     def _encode_instead(self, entry: Entry, text: str, kind: str) -> int:
         """The text encoded whole by the stateless route (a short session's; a continuation

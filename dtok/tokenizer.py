@@ -164,9 +164,7 @@ class Tokenizer:
         >>> list(literal.encode("<|im_start|>user"))
         [27, 91, 318, 4906, 91, 29, 872]
         """
-        if session is not None and scope is None and type(text) is str \
-                and type(add_special_tokens) is bool and self.rules is not None:
-            # a session's turn, the call a server makes most: straight to the store
+        if self._straight_to_store(text, session, add_special_tokens, scope):
             # (never None without max_chars: a view)
             return self.sessions.encode_keyed(  # type: ignore[return-value]
                 text, session, add_special_tokens)
@@ -182,12 +180,18 @@ class Tokenizer:
         >>> tok.encode_list("Hello, world!")
         [9707, 11, 1879, 0]
         """
-        if session is not None and scope is None and type(text) is str \
-                and type(add_special_tokens) is bool and self.rules is not None:
+        if self._straight_to_store(text, session, add_special_tokens, scope):
             # (never None without max_chars: the session's list)
             return self.sessions.encode_keyed(  # type: ignore[return-value]
                 text, session, add_special_tokens, True)
         return self._encode(text, session, add_special_tokens, True, scope)
+
+    def _straight_to_store(self, text: Any, session: Hashable | None, add_special_tokens: Any,
+                           scope: Hashable | None) -> bool:
+        """A keyed turn of well-typed input on an admitted file, the call a server makes most:
+        it goes straight to the session store (anything else through :meth:`_encode`)."""
+        return session is not None and scope is None and type(text) is str \
+            and type(add_special_tokens) is bool and self.rules is not None
 
     def try_encode_list(self, text: str, *, max_chars: int, session: Hashable | None = None,
                         add_special_tokens: bool = True, scope: Hashable | None = None
