@@ -11,13 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["KNOBS", "ENCODERS", "validate", "positive_int", "POOL_SHARED", "validate_pool",
-           "default_threads", "default_workers"]
+           "default_threads", "default_workers", "WORKER_RENEW_CHARS"]
 
 # what ``threads=None`` and ``Pool(workers=None)`` take of a host's CPUs: each encoding thread
 # and each worker holds a fast encoder's per-thread state, and the engine shares the host
 # (the costs: docs/memory.md)
 DEFAULT_THREADS_MAX = 4
 DEFAULT_WORKERS_MAX = 8
+#: characters a pool worker encodes before a fresh fork of the zygote replaces it: its fast
+#: encoder's memo of the words it met ends with it, as a thread's does (0: never renewed)
+WORKER_RENEW_CHARS = 1 << 26
 
 KNOBS: dict[str, Any] = {
     # encoder threads for chunked encodes; None = the CPUs this process may use, at most
@@ -81,6 +84,12 @@ def positive_int(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
+def non_negative_int(name: str, value) -> None:
+    """The check of a knob where 0 means never (renewals, ``session_whole_below``)."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+
+
 def validate(knobs: dict[str, Any]) -> dict[str, Any]:
     """Every knob, the given ones checked and the others at their defaults (``scan_budget`` as
     a tuple); TypeError for an unknown name, ValueError for a bad value."""
@@ -93,8 +102,7 @@ def validate(knobs: dict[str, Any]) -> dict[str, Any]:
     if k["threads"] is not None and (type(k["threads"]) is not int or k["threads"] < 1):
         raise ValueError(f"threads must be a positive int or None, got {k['threads']!r}")
     for name in ("thread_renew_chars", "session_whole_below"):
-        if type(k[name]) is not int or k[name] < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {k[name]!r}")
+        non_negative_int(name, k[name])
     try:
         budget = tuple(k["scan_budget"])
     except TypeError:
@@ -113,7 +121,8 @@ def validate(knobs: dict[str, Any]) -> dict[str, Any]:
 
 
 def validate_pool(tokenizer_knobs: dict[str, Any], shared: dict[str, Any], *, workers,
-                  shm_bytes, chunks_per_worker, stateless_queue) -> dict[str, Any]:
+                  shm_bytes, chunks_per_worker, stateless_queue,
+                  worker_renew_chars: int = WORKER_RENEW_CHARS) -> dict[str, Any]:
     """A pool's knobs: the tokenizer's (``tokenizer_knobs``) with the ``shared`` ones given (not
     None) in their place, checked by :func:`validate`, and the pool's own (``workers`` and
     ``shm_bytes``: None for their defaults), checked here.
@@ -127,6 +136,7 @@ def validate_pool(tokenizer_knobs: dict[str, Any], shared: dict[str, Any], *, wo
     for name, value in (("workers", workers), ("shm_bytes", shm_bytes)):
         if value is not None:
             positive_int(name, value)
+    non_negative_int("worker_renew_chars", worker_renew_chars)
     if stateless_queue not in STATELESS_QUEUES:
         raise ValueError(f"stateless_queue must be one of {STATELESS_QUEUES}, got "
                          f"{stateless_queue!r}")

@@ -81,6 +81,28 @@ def test_session_replay_through_pool(pools, name):
     assert s["session_repairs"] >= len(turns) - 2 and s["failovers"] == 0
 
 
+def test_workers_are_renewed_after_their_characters_and_stay_exact():
+    """A worker that has encoded ``worker_renew_chars`` characters is replaced, when idle, by a
+    fresh fork of the zygote (its fast encoder's memo ends with it): sessions carry across the
+    renewals and every answer is the reference's. Control: with 0 no worker is renewed."""
+    tok = load_tokenizer("qwen3")
+    src = read_text("prose", "gutenberg-2701_moby-dick.txt")
+    rng = random.Random(3)
+    texts = [src[i * 20_000:(i + 1) * 20_000] for i in range(12)]
+    for renew, expect in ((30_000, True), (0, False)):
+        with Pool(tok, workers=2, chunk_threshold=1 << 20, worker_renew_chars=renew) as pool:
+            session = src[:5_000]
+            for i, text in enumerate(texts):
+                assert list(pool.encode(text)) == ref_ids(tok, text), (renew, i)
+                session = next_turn(rng, src, session)
+                assert list(pool.encode(session, session="s")) == ref_ids(tok, session), (renew, i)
+                time.sleep(0.05)  # a renewal waits for its worker to be idle
+            stats = pool.stats()
+            assert stats["worker_deaths"] == 0 and stats["failovers"] == 0, stats
+            assert (stats["worker_renewals"] >= 4) == expect, (renew, stats["worker_renewals"])
+            assert stats["session_repairs"] + stats["session_edits"] >= 1
+
+
 def test_many_sessions_concurrently(pools):
     pool = pools("qwen3")
     tok = pool.tokenizer

@@ -36,7 +36,7 @@ from typing import Any, Hashable
 
 from dtok.admission import bundled_files
 from dtok.encoders import available_cpus
-from dtok.knobs import POOL_SHARED, default_workers, validate_pool
+from dtok.knobs import POOL_SHARED, WORKER_RENEW_CHARS, default_workers, validate_pool
 from dtok.pool import shm
 from dtok.pool.aio import LoopFace
 from dtok.pool.answers import Answers
@@ -108,13 +108,15 @@ class Pool:
                  max_sessions: int | None = None, session_bytes: int | None = None,
                  shm_bytes: int | None = None, spin_us: int = 200, chunks_per_worker: int = 1,
                  stateless_queue: str = "shared", worker_nice: int = 5,
-                 encode_special_tokens: bool | None = None) -> None:
+                 encode_special_tokens: bool | None = None,
+                 worker_renew_chars: int = WORKER_RENEW_CHARS) -> None:
         self.tokenizer, worker_knobs = _pooled_tokenizer(tokenizer_or_path, encode_special_tokens)
         given = dict(zip(POOL_SHARED, (chunk_threshold, chunk_target, max_chunks, max_sessions,
                                        session_bytes)))
         knobs = validate_pool(self.tokenizer.knobs, given, workers=workers, shm_bytes=shm_bytes,
                               chunks_per_worker=chunks_per_worker,
-                              stateless_queue=stateless_queue)
+                              stateless_queue=stateless_queue,
+                              worker_renew_chars=worker_renew_chars)
         a = self.tokenizer.admission
         # not admitted: no workers, every request is encoded here by the reference
         self.n_workers = (workers or default_workers(available_cpus())) if a.admitted else 0
@@ -126,7 +128,7 @@ class Pool:
                       "shm_bytes": shm_bytes, "chunks_per_worker": chunks_per_worker,
                       "stateless_queue": stateless_queue, "start_timeout": float(start_timeout),
                       "worker_start_timeout": float(worker_start_timeout), "spin_us": spin_us,
-                      "worker_nice": worker_nice}
+                      "worker_nice": worker_nice, "worker_renew_chars": worker_renew_chars}
         self._estimator = Estimator(order, aging)
         self.prefix = shm.new_prefix()
         self._budget = shm.Budget(_shm_limit(shm_bytes))
@@ -167,7 +169,7 @@ class Pool:
         self._supervisor = supervisor = Supervisor(
             state, self._res, Timeouts(self.knobs["start_timeout"],
                                        self.knobs["worker_start_timeout"]),
-            dispatch, routing, flow, failover, answers)
+            dispatch, routing, flow, failover, answers, self.knobs["worker_renew_chars"])
 
     def _zygote_config(self, worker_knobs: dict) -> dict:
         """What the zygote loads and how it runs its workers."""

@@ -38,6 +38,7 @@ class Channel:
         self.drops: list[int] = []  # session ids the worker may forget (sent with the next task)
         self.done = 0
         self.starts = 0
+        self.encoded_chars = 0  # by the worker in this slot now (its renewal: Supervisor)
 
     # --- segments -------------------------------------------------------------------------
 
@@ -129,6 +130,7 @@ class Channel:
         self.seq = 0
         self.task = None
         self.drops = []
+        self.encoded_chars = 0
         self.alive = False
         self.pid = 0  # until the zygote reports the new one: no signal reaches a stale pid
 

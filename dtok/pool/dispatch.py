@@ -74,6 +74,7 @@ class Dispatch:
     def _harvest_one(self, ch: Channel) -> None:
         task, ch.task = ch.task, None
         ch.done += 1
+        ch.encoded_chars += len(task.text)
         c = ch.control
         task.req.times += [c.picked_at, c.answered_at, time.monotonic()]
         if self._state.estimator.observe(task.kind, task.weight, c.service_ms):

@@ -42,7 +42,7 @@ class Timeouts(NamedTuple):
 class Supervisor:
     def __init__(self, state: PoolState, resources: Resources, timeouts: Timeouts,
                  dispatch: Dispatch, routing: Routing, flow: SessionFlow, failover: Failover,
-                 answers: Answers) -> None:
+                 answers: Answers, renew_chars: int = 0) -> None:
         self._state, self._res, self.timeouts = state, resources, timeouts
         self._dispatch, self._routing, self._flow = dispatch, routing, flow
         self._failover, self._answers = failover, answers
@@ -51,8 +51,10 @@ class Supervisor:
         self._done_sem = None
         self._threads: list[threading.Thread] = []
         self._restarts: dict[int, list[float]] = {}
-        # renewal onto the fast encoder (its guard table came after the start): the slots still
-        # to renew, and the one whose worker was asked to exit (index -> its pid)
+        # renewal onto the fast encoder (its guard table came after the start) or after
+        # renew_chars characters encoded (0: never): the slots still to renew, and the one whose
+        # worker was asked to exit (index -> its pid)
+        self._renew_chars = renew_chars
         self._to_renew: set[int] = set()
         self._retiring: dict[int, int] = {}
 
@@ -110,7 +112,7 @@ class Supervisor:
 
     @property
     def renewals_pending(self) -> int:
-        """Workers still on the encoder they were forked with, to be renewed onto the fast one."""
+        """Workers to renew: onto the fast encoder, or after ``renew_chars`` characters."""
         return len(self._to_renew) + len(self._retiring)
 
     def _guard_table_written(self) -> None:
@@ -129,9 +131,13 @@ class Supervisor:
         self._renew_next()
 
     def _renew_next(self) -> None:
-        """Ask one idle worker still on the old encoder to exit (its slot gets a worker forked
-        from the zygote as it is now); one at a time, so the others keep serving."""
+        """Ask one idle worker still on the old encoder, or past ``renew_chars``, to exit (its
+        slot gets a worker forked from the zygote as it is now, its fast encoder's memo gone);
+        one at a time, so the others keep serving."""
         state = self._state
+        if self._renew_chars:
+            self._to_renew.update(ch.index for ch in state.channels
+                                  if ch.alive and ch.encoded_chars > self._renew_chars)
         if not self._to_renew or self._retiring or state.closed \
                 or any(ch.ready_by and not ch.alive for ch in state.channels):
             return

@@ -6,6 +6,7 @@
                                                   [--threads N] [--thread-renew-chars N]
                                                   [--words new|corpus]
                                                   [--encoders-alone] [--emulate-cpus N]
+                                                  [--pool [--worker-renew-chars N]]
 
 Documents of 1M characters are corpus text (prose, code, multilingual, adversarial in turn)
 with the lowercase letters permuted by a fresh random permutation per document: every word is
@@ -23,7 +24,10 @@ through fastokens alone, with its own BPE threads (``FASTOKENS_BPE_THREADS`` as 
 per CPU), the reference loaded beside it as dtok loads it, the heap trimmed after loading: what
 the memory goal compares with. ``--emulate-cpus N``: dtok's defaults as on N CPUs (dtok is told
 N usable CPUs, and ``FASTOKENS_BPE_THREADS`` defaults to N, as fastokens' own default there);
-memory only, the timings mean nothing.
+memory only, the timings mean nothing. ``--pool``: the documents through a ``dtok.Pool`` of one
+worker (each document whole, to that worker), and the worker's RSS instead of this process's
+(the peak: the highest of the worker processes that held the slot); ``--worker-renew-chars``:
+the pool's knob (default: dtok's; 0: never renewed).
 """
 import argparse
 import ctypes
@@ -63,6 +67,9 @@ def main() -> None:
     ap.add_argument("--words", choices=("new", "corpus"), default="new")
     ap.add_argument("--encoders-alone", action="store_true")
     ap.add_argument("--emulate-cpus", type=int, default=None)
+    ap.add_argument("--pool", action="store_true", help="one pool worker's RSS")
+    ap.add_argument("--worker-renew-chars", type=int, default=None)
+    ap.add_argument("--report-every", type=int, default=50_000_000, help="characters")
     args = ap.parse_args()
     from conftest import load_tokenizer, read_text, tokenizer_path
 
@@ -84,6 +91,9 @@ def main() -> None:
 
     knobs = {} if args.thread_renew_chars is None else {"thread_renew_chars": args.thread_renew_chars}
     tok = load_tokenizer(args.file, content_lookup=False, threads=args.threads, **knobs)
+    if args.pool:
+        pooled(tok, args, read_text)
+        return
     if args.lane == "gigatoken":
         from test_fast import with_giga
 
@@ -108,6 +118,31 @@ def main() -> None:
     print(f"encoding threads stopped, heap trimmed: RSS {status('VmRSS')} MiB")
 
 
+def pooled(tok, args, read_text) -> None:
+    """The documents through a pool of one worker; the worker's RSS reported."""
+    import dtok
+
+    renew = {} if args.worker_renew_chars is None else {"worker_renew_chars": args.worker_renew_chars}
+    with dtok.Pool(tok, workers=1, chunk_threshold=1 << 30, **renew) as pool:
+        peak = {}
+
+        def worker_rss() -> str:
+            pid = pool.stats()["workers"][0]["pid"]
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    fields = dict(line.split(":", 1) for line in f)
+            except OSError:  # between a renewal's exit and the fork that replaces it
+                return "-"
+            rss, hwm = (int(fields[k].split()[0]) // 1024 for k in ("VmRSS", "VmHWM"))
+            peak[pid] = hwm
+            return f"worker RSS {rss} MiB, peak {max(peak.values())}"
+
+        print(f"a pool of one worker, {args.file}: worker_renew_chars "
+              f"{pool.knobs['worker_renew_chars']:,}; {worker_rss()}", flush=True)
+        run(pool.encode, None, args, read_text, worker_rss)
+        print(f"workers renewed {pool.stats()['worker_renewals']} times; {worker_rss()}")
+
+
 def encoders_alone(path) -> tuple:
     """The reference and fastokens loaded from the file (no dtok), the heap trimmed after
     loading as dtok's is."""
@@ -120,7 +155,7 @@ def encoders_alone(path) -> tuple:
     return reference, fast
 
 
-def run(encode, giga, args, read_text) -> None:
+def run(encode, giga, args, read_text, report=None) -> None:
     """``--gigabytes`` of documents through ``encode``, RSS every 50M characters."""
     sources = [read_text("prose", "gutenberg-2701_moby-dick.txt"),
                read_text("code", "javascript__lodash__lodash.js.txt"),
@@ -145,10 +180,13 @@ def run(encode, giga, args, read_text) -> None:
         total += len(doc)
         i += 1
         if total >= next_report:
-            print(f"{total / 1e6:7.0f}M chars  RSS {status('VmRSS'):5d} MiB  peak {status('VmHWM'):5d}"
-                  f" MiB  renewals {giga.renewals if giga else '-'}  {time.time() - t0:.0f} s",
-                  flush=True)
-            next_report += 50_000_000
+            if report is not None:
+                print(f"{total / 1e6:7.0f}M chars  {report()}  {time.time() - t0:.0f} s", flush=True)
+            else:
+                print(f"{total / 1e6:7.0f}M chars  RSS {status('VmRSS'):5d} MiB  peak "
+                      f"{status('VmHWM'):5d} MiB  renewals {giga.renewals if giga else '-'}  "
+                      f"{time.time() - t0:.0f} s", flush=True)
+            next_report += args.report_every
     print(f"done: {total / 1e6:.0f}M chars in {i} documents, {time.time() - t0:.0f} s, load "
           f"{os.getloadavg()[0]:.2f}; RSS {status('VmRSS')} MiB, peak {status('VmHWM')} MiB")
 
