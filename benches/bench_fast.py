@@ -93,6 +93,13 @@ def timed(fn):
 
 
 def load_toktier(name: str, path: Path):
+    """toktier's ``encode`` of a whole text: no session, its content lookup at its default
+    (loaded by ``toktier_tokenizer``)."""
+    tt = toktier_tokenizer(name, path)
+    return lambda d: tt.encode(d, add_special_tokens=False)
+
+
+def toktier_tokenizer(name: str, path: Path):
     """toktier 0.3.0, offline: a manifest entry with ``local_dir`` and the SHA-256s toktier
     ships for the file (only the files the shared copy has), its artifact store filled by
     ``LocalDirectorySource`` (no hub), then loaded with ``TOKTIER_OFFLINE=1``; CPU only."""
@@ -115,8 +122,7 @@ def load_toktier(name: str, path: Path):
     manifest = ArtifactManifest.from_mapping({family: entry}, source="dtok bench")
     ArtifactStore(manifest, config=Config.resolve(), source=LocalDirectorySource()).ensure(family)
     os.environ["TOKTIER_OFFLINE"] = "1"
-    tt = toktier.load(family, manifest=manifest, device="cpu", config=Config.resolve())
-    return lambda d: tt.encode(d, add_special_tokens=False)
+    return toktier.load(family, manifest=manifest, device="cpu", config=Config.resolve())
 
 
 TOKTIER_FAMILIES = {"qwen3": "qwen3_8b", "llama3": "llama_3_1_8b", "deepseek-v3": "deepseek_v3",

@@ -4,6 +4,7 @@
     python benches/bench_turn.py [--sizes 65000 300000 1000000 4000000] [--turns 12]
                                  [--repeats 3] [--forms chat raw] [--modes spaced b2b]
                                  [--tokenizer PATH] [--segment-cache-mib 256] [--pool]
+                                 [--peers gigatoken toktier]
     python benches/bench_turn.py --breakdown [--sizes ...] [--turns 12] [--forms chat raw]
 
 Sessions are the real agent transcripts (../shared/corpus/transcripts, JSON message lists read
@@ -26,7 +27,18 @@ Columns, each timed per turn on the same text, in one process, side by side:
 * ``dtok``: ``tok.encode(text, session=key)`` (the result dropped before the next turn);
 * ``dtok list``: ``tok.encode_list(text, session=key)`` on its own tokenizer, the previous
   turn's list held by the caller during the call (``ids = tok.encode_list(...)`` in a loop);
-* ``dtok pool`` (``--pool``): ``dtok.Pool(workers=1).encode(text, session=key)``.
+* ``dtok pool`` (``--pool``): ``dtok.Pool(workers=1).encode(text, session=key)``;
+* ``gigatoken`` (``--peers``): gigatoken's ``encode`` on the whole text (it keeps no session
+  state: a user re-encodes the whole text each turn), loaded from the same tokenizer.json;
+* ``toktier session`` (``--peers``): toktier 0.3.0's own sessions,
+  ``encode(text, session=key, add_special_tokens=False)`` (its documented session call; it
+  repairs the tail of a strict append and returns an ``Encoding`` of the whole stream), on
+  its in-process store, a new key primed at the context like dtok's. toktier is not a
+  dependency (``pip install toktier==0.3.0``); it loads its certified artifact offline as
+  ``bench_fast.py`` does (the Qwen3-8B file: ``../shared/tokenizers/qwen3`` when the bench runs
+  on the bundled Qwen3). A peer that is not importable or refuses the file is left out with
+  the reason printed. toktier's route of each timed turn (``explain()``'s
+  ``last_execution_path``, read untimed after the call) is counted and printed.
 
 Modes: ``spaced``: per turn, every column once in a balanced order (Williams design), each call
 20 ms after the last; ``b2b``: back to back, each column runs all its turns in a block (blocks in
@@ -35,10 +47,12 @@ context (sessions re-primed, untimed). The first ``--skip`` turns of each repeat
 not counted. Per cell: median, P99 and the spread (lowest and highest median of the repeats);
 ``x floor``: dtok's median over the floor's, from the same run.
 
-Every turn's IDs of every column are compared with fastokens' whole-text IDs; the last turn's
-with the reference's (``tok.reference.encode(text).ids``). The goal of issue 60 per cell: dtok's
-median <= 1.1 x floor + 0.15 ms + 0.1 ms per million characters of context, and no more than
-fastokens or fastokens+seg.
+Every turn's IDs of every column (the peers' too) are compared with fastokens' whole-text IDs
+and a column's count of differing turns is printed (``exact: ... NO {column: turns}``); the
+last turn's with the reference's (``tok.reference.encode(text).ids``). The goal of issue 60 per
+cell: dtok's median <= 1.1 x floor + 0.15 ms + 0.1 ms per million characters of context, and no
+more than fastokens or fastokens+seg (a dtok column slower than any other column but the floor
+prints ``LOSES to`` with their names).
 
 ``--breakdown``: the stages of one turn inside dtok (``tok.encode(text, session=key)``), timed
 with ``time.perf_counter`` wrappers around the pieces the session store calls: ``compare``
@@ -55,6 +69,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import statistics
@@ -72,6 +87,7 @@ from common import SHARED, balanced_order, balanced_period, header, machine, sum
 import dtok  # noqa: E402
 
 PAUSE_S = 0.020
+TOKTIER_KEYS = itertools.count(1)  # toktier's store lives as long as the process
 
 
 # --- sessions ----------------------------------------------------------------------------------
@@ -165,7 +181,7 @@ class Columns:
     """The encoders of one row, each with its own state; ``run(label, i)`` encodes turn i."""
 
     def __init__(self, tok: dtok.Tokenizer, texts: list[str], seg_mib: int, pool: bool,
-                 labels: list[str]) -> None:
+                 labels: list[str], peers: dict | None = None) -> None:
         import fastokens
 
         raw = tok.tokenizer_json().decode("utf-8")
@@ -180,6 +196,8 @@ class Columns:
         self.list_tok = tok.with_knobs()
         self.pool = dtok.Pool(tok, workers=1, name="bench-turn") if pool else None
         self.held_list = None
+        self.peers = peers or {}  # label -> the peer's loaded tokenizer (load_peers)
+        self.toktier_paths: dict[str, int] = {}  # toktier's route per timed turn: count
         self.out: dict[str, object] = {}
         self.key = 0
 
@@ -198,6 +216,10 @@ class Columns:
         self.seg.encode_batch_flat([ctx], add_special_tokens=False)
         if self.pool is not None:
             self.pool.encode(ctx, session=self.key, add_special_tokens=False)
+        if "toktier session" in self.peers:  # a key never used before in this process
+            self.toktier_key = f"turn-{next(TOKTIER_KEYS)}"
+            self.peers["toktier session"].encode(ctx, session=self.toktier_key,
+                                                 add_special_tokens=False)
 
     def run(self, label: str, i: int) -> float:
         """Seconds for column ``label`` on turn i (1-based; texts[0] is the context)."""
@@ -235,6 +257,20 @@ class Columns:
             dt = time.perf_counter() - t0
             out = bytes(view)
             del view
+        elif label == "gigatoken":
+            gt = self.peers[label]
+            t0 = time.perf_counter()
+            got = gt.encode(text)
+            dt = time.perf_counter() - t0
+            out = got.astype("<u4", copy=False).tobytes()  # (untimed) a uint32 array
+        elif label == "toktier session":
+            tt = self.peers[label]
+            t0 = time.perf_counter()
+            enc = tt.encode(text, session=self.toktier_key, add_special_tokens=False)
+            dt = time.perf_counter() - t0
+            out = array("i", enc.ids).tobytes()  # (untimed) a tuple of ints
+            path = tt.explain(summary=True).get("last_execution_path")  # (untimed) its route
+            self.toktier_paths[path] = self.toktier_paths.get(path, 0) + 1
         else:
             raise ValueError(label)
         self.out[label] = out
@@ -267,12 +303,54 @@ def frozen(out) -> bytes:
     return memoryview(out).cast("B").tobytes()
 
 
+PEERS = ("gigatoken", "toktier")
+
+
+def load_peers(tok: dtok.Tokenizer, tokenizer_dir: str | None, picked: list[str]) -> dict:
+    """The peers a user would switch on instead, each loaded once for the whole run: label ->
+    tokenizer. One that cannot be imported or loaded is left out, its reason printed."""
+    from bench_fast import TOKTIER_FAMILIES, toktier_tokenizer
+
+    out = {}
+    if "gigatoken" in picked:
+        try:
+            import gigatoken
+
+            out["gigatoken"] = gigatoken.Tokenizer.from_json(tok.tokenizer_json().decode("utf-8"))
+            print(f"# gigatoken {_version('gigatoken')}: the whole text each turn", flush=True)
+        except Exception as exc:  # not installed, or refuses the file
+            print(f"# gigatoken not measured: {exc!r}"[:300], flush=True)
+    if "toktier" in picked:
+        # toktier certifies files by their bytes: the bundled Qwen3 is stood in for by the
+        # Qwen3-8B file it certifies (the IDs are compared with fastokens' on every turn)
+        folder = Path(tokenizer_dir) if tokenizer_dir else SHARED / "tokenizers" / "qwen3"
+        name = folder.name
+        try:
+            if name not in TOKTIER_FAMILIES:
+                raise LookupError(f"no toktier family for {name!r} "
+                                  f"(known: {sorted(TOKTIER_FAMILIES)})")
+            import toktier  # noqa: F401 (the reason, where it is not installed)
+
+            out["toktier session"] = toktier_tokenizer(name, folder)
+            print(f"# toktier {_version('toktier')}: family {TOKTIER_FAMILIES[name]} from "
+                  f"{folder}, encode(text, session=key) on its in-process store", flush=True)
+        except Exception as exc:  # not installed, no family, or refuses the file
+            print(f"# toktier not measured: {exc!r}"[:300], flush=True)
+    return out
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import version
+
+    return version(dist)
+
+
 def goal_ms(floor_ms: float, context: int) -> float:
     return 1.1 * floor_ms + 0.15 + 0.1 * context / 1e6
 
 
-def measure_row(tok, texts, form, size, mode, args, labels) -> dict:
-    cols = Columns(tok, texts, args.segment_cache_mib, "dtok pool" in labels, labels)
+def measure_row(tok, texts, form, size, mode, args, labels, peers=None) -> dict:
+    cols = Columns(tok, texts, args.segment_cache_mib, "dtok pool" in labels, labels, peers)
     n_turns = len(texts) - 1
     times = {label: [[] for _ in range(args.repeats)] for label in labels}
     wrong: dict[str, int] = {label: 0 for label in labels}
@@ -320,6 +398,8 @@ def measure_row(tok, texts, form, size, mode, args, labels) -> dict:
            "new_chars_max": max(new_chars), "cells": cells, "wrong_vs_fastokens": wrong,
            "last_turn_equals_reference": ref_ok, "loadavg": os.getloadavg(),
            "goal_ms": goal_ms(floor, len(texts[0]))}
+    if cols.toktier_paths:
+        row["toktier_routes"] = cols.toktier_paths
     st = cols.view_tok.sessions.stats()
     row["dtok_routes"] = {k: st[k] for k in ("hits", "repairs", "edits", "full_encodes", "fallbacks")}
     return row
@@ -338,14 +418,17 @@ def print_row(row: dict, labels: list[str]) -> None:
         extra = ""
         if label.startswith("dtok"):
             verdict = "MET" if x["median_ms"] <= row["goal_ms"] else "not met"
-            loses = [p for p in ("fastokens", "fastokens+seg") if x["median_ms"] > c[p]["median_ms"]]
+            loses = [p for p in c if not p.startswith("dtok") and p != "floor"
+                     and x["median_ms"] > c[p]["median_ms"]]
             extra = (f"  goal {row['goal_ms']:.3f} ms: {verdict}"
                      + (f"; LOSES to {', '.join(loses)}" if loses else ""))
-        print(f"    {label:14s} median {x['median_ms']:8.3f} ms  p99 {x['p99_ms']:8.3f}  "
+        print(f"    {label:15s} median {x['median_ms']:8.3f} ms  p99 {x['p99_ms']:8.3f}  "
               f"repeats [{min(reps):.3f}-{max(reps):.3f}]  x floor {ratio:6.2f}{extra}", flush=True)
     bad = {k: v for k, v in row["wrong_vs_fastokens"].items() if v}
     print(f"    exact: every turn vs fastokens {'yes' if not bad else 'NO ' + str(bad)}; "
-          f"last turn vs reference {'yes' if row['last_turn_equals_reference'] else 'NO'}", flush=True)
+          f"last turn vs reference {'yes' if row['last_turn_equals_reference'] else 'NO'}"
+          + (f"; toktier's routes {row['toktier_routes']}" if "toktier_routes" in row else ""),
+          flush=True)
 
 
 # --- breakdown ---------------------------------------------------------------------------------
@@ -477,6 +560,8 @@ def main() -> None:
     ap.add_argument("--turn-messages", type=int, default=3)
     ap.add_argument("--pool", action="store_true", help="also dtok.Pool(workers=1)")
     ap.add_argument("--no-list", action="store_true", help="leave out dtok encode_list")
+    ap.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS,
+                    help="the peers to time beside dtok (none: --peers with no name)")
     ap.add_argument("--breakdown", action="store_true", help="the stages of a turn inside dtok")
     ap.add_argument("--out", default="turn.json", help="file name under bench-results/")
     args = ap.parse_args()
@@ -492,21 +577,26 @@ def main() -> None:
         sources[form] = (chat_renderer(tok) if form == "chat" else raw_render, msgs)
     if args.breakdown:
         return breakdown_main(args, tok, sources)
-    labels = ["floor", "fastokens", "fastokens+seg", "dtok"] + ([] if args.no_list else ["dtok list"]) \
-        + (["dtok pool"] if args.pool else [])
+    peers = load_peers(tok, args.tokenizer, args.peers)
+    labels = ["floor", "fastokens", "fastokens+seg", *peers, "dtok"] \
+        + ([] if args.no_list else ["dtok list"]) + (["dtok pool"] if args.pool else [])
     rows = []
     for form, (render, msgs) in sources.items():
         for size in args.sizes:
             texts = session_texts(render, msgs, size, args.turns, args.turn_messages)
             for mode in args.modes:
                 gc.collect()
-                row = measure_row(tok, texts, form, size, mode, args, labels)
+                row = measure_row(tok, texts, form, size, mode, args, labels, peers)
                 print_row(row, labels)
                 rows.append(row)
     bad = [(r["form"], r["size"], r["mode"]) for r in rows
            if any(v for k, v in r["wrong_vs_fastokens"].items() if k.startswith("dtok"))
            or not r["last_turn_equals_reference"]]
     print(f"exact: {'yes' if not bad else 'NO ' + str(bad)}")
+    peers_bad = sorted({(k, r["form"], r["size"], r["mode"]) for r in rows
+                        for k, v in r["wrong_vs_fastokens"].items() if v and k in peers})
+    if peers_bad:
+        print(f"peers whose IDs differed from fastokens': {peers_bad}")
     print("wrote", write_json(args.out, {"machine": info, "args": vars(args), "rows": rows,
                                          "dtok": dtok.__file__}))
 

@@ -2,15 +2,19 @@
 
     python tools/engines/router_replicas.py [--tokenizer qwen3] [--sessions 9] [--turns 12]
                                             [--policies consistent_hash round_robin] [--no-body-key]
+                                            [--vllm 0.34.0|0.33.0]
 
-Runs in tools/engines/vllm_check.py's cached venv of vLLM 0.33.0 (plus ``vllm-router`` from
-PyPI): vLLM 0.34's ``vllm launch render`` does not start on an x86 CPU without triton-cpu (its
-CPU platform raises ``vLLM on x86 CPUs requires Triton (triton-cpu)``; triton-cpu is not on
-PyPI), and these replicas are real processes (vllm_check.py runs 0.34's render server in
-process). For each router policy: two ``vllm launch render`` replicas (GPU-less render servers,
-dtok's plugin on with ``DTOK_VLLM=1``, built from the model's tokenizer.json, each writing its
-dtok report at exit through ``DTOK_STATS_FILE``), and ``vllm-router --policy POLICY`` in front
-of them. Agent sessions are replayed turn by turn, interleaved, through the router's
+Runs in tools/engines/vllm_check.py's cached venv of vLLM 0.34.0 (or the release ``--vllm``
+names; plus ``vllm-router`` from PyPI). For each router policy: two ``vllm launch render``
+replicas (GPU-less render servers, dtok's plugin on with ``DTOK_VLLM=1``, built from the model's
+tokenizer.json, each writing its dtok report at exit through ``DTOK_STATS_FILE``), and
+``vllm-router --policy POLICY`` in front of them. Each replica is a real process running vLLM's
+own CLI (``vllm launch render``) through this script (``--replica``), which does one thing
+first: vLLM 0.34's CPU platform refuses an x86 CPU without triton-cpu while the render server's
+config is built (``vLLM on x86 CPUs requires Triton (triton-cpu)``; triton-cpu is not on PyPI,
+and a render server starts no model runner), so the ``VllmConfig`` that ``vllm launch render``
+builds is built inside ``vllm_check._cpu_platform_without_triton`` (``HAS_TRITON`` read as true
+for that construction only, then put back); on 0.33, which only warns, nothing is changed. Agent sessions are replayed turn by turn, interleaved, through the router's
 ``/v1/completions/render`` with an ``X-Session-ID`` header (which the router hashes) and, unless
 ``--no-body-key``, the same key as the body's ``session_id`` (vllm-router 0.1.17 forwards client
 headers on its OpenAI routes but not on ``/tokenize`` or the render paths it proxies; without a
@@ -40,13 +44,12 @@ import engine_setup  # tools/engines/engine_setup.py (this script's directory is
 import vllm_check
 
 ROUTER = "vllm-router==0.1.17"
-VLLM_VERSION = "0.33.0"  # the newest whose `vllm launch render` starts on this CPU (see above)
 
 
 def outer(args) -> int:
     try:
-        py = engine_setup.ensure(vllm_check.venv_name(VLLM_VERSION), f"vllm=={VLLM_VERSION}",
-                                vllm_check.deps(VLLM_VERSION))
+        py = engine_setup.ensure(vllm_check.venv_name(args.vllm), f"vllm=={args.vllm}",
+                                vllm_check.deps(args.vllm))
         if subprocess.run([str(py), "-c", "import vllm_router.router"],
                           capture_output=True).returncode != 0:
             subprocess.run([str(py), "-m", "pip", "install", "-q", ROUTER], check=True)
@@ -113,7 +116,7 @@ def run_policy(policy: str, model: Path, work: Path, replay: list[list[str]], re
            "DTOK_STATS_FILE": str(work / f"{policy}-{{pid}}.json")}
     ports = [_free_port(), _free_port()]
     replicas = [subprocess.Popen(
-        [py, "-m", "vllm.entrypoints.cli.main", "launch", "render", str(model), "--host",
+        [py, str(Path(__file__).resolve()), "--replica", str(model), "--host",
          "127.0.0.1", "--port", str(p), "--max-model-len", str(vllm_check.MAX_MODEL_LEN),
          "--disable-uvicorn-access-log"], env=env, stdout=log, stderr=log) for p in ports]
     router = None
@@ -165,7 +168,9 @@ def inner(args) -> int:
     style = detect_style(t.content for t in reference.get_added_tokens_decoder().values())
     replay = sessions(args.sessions, args.turns, style)
     chars = [len(s[-1]) for s in replay]
-    print(f"# {args.sessions} sessions x {args.turns} turns ({min(chars):,}-{max(chars):,} chars "
+    import vllm
+
+    print(f"# vLLM {vllm.__version__}, {args.sessions} sessions x {args.turns} turns ({min(chars):,}-{max(chars):,} chars "
           f"at the last turn), {args.tokenizer}, 2 render replicas, {ROUTER}, key in the header"
           f"{'' if args.no_body_key else ' and the body'}", flush=True)
     total = bad = 0
@@ -196,7 +201,27 @@ def inner(args) -> int:
     return 1 if bad else 0
 
 
+def replica(argv: list[str]) -> int:
+    """One replica (inside the venv): vLLM's own ``vllm launch render ARGV``, its config built
+    as for a CPU with Triton where vLLM's CPU platform would refuse this one (see above)."""
+    from vllm.entrypoints.cli.main import main as vllm_main
+    from vllm.entrypoints.launchers.render import entry
+
+    build_config = entry.VllmConfig
+
+    def config_without_triton(*a, **k):
+        with vllm_check._cpu_platform_without_triton():
+            return build_config(*a, **k)
+
+    entry.VllmConfig = config_without_triton  # what run_launch_fastapi calls, by this name
+    sys.argv = ["vllm", "launch", "render", *argv]
+    return vllm_main() or 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--replica"]:
+        return replica(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokenizer", default="qwen3")
     p.add_argument("--sessions", type=int, default=9)  # odd: round robin spreads each session
@@ -204,6 +229,8 @@ def main(argv=None) -> int:
     p.add_argument("--policies", nargs="+", default=["consistent_hash", "round_robin"])
     p.add_argument("--no-body-key", action="store_true",
                    help="the key in the header only (the replicas then see no key)")
+    p.add_argument("--vllm", default=vllm_check.VLLM_VERSION, choices=vllm_check.VERSIONS,
+                   help="the vLLM release whose cached venv runs the replicas")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     return inner(args) if args.inner else outer(args)
