@@ -19,8 +19,9 @@ __all__ = ["KNOBS", "ENCODERS", "validate", "positive_int", "POOL_SHARED", "vali
 DEFAULT_THREADS_MAX = 4
 DEFAULT_WORKERS_MAX = 8
 #: characters a pool worker encodes before a fresh fork of the zygote replaces it: its fast
-#: encoder's memo of the words it met ends with it, as a thread's does (0: never renewed)
-WORKER_RENEW_CHARS = 1 << 26
+#: encoder's memo of the words it met ends with it, as a thread's does. 0 (never) by default:
+#: fastokens caps that memo itself, and the slot is out while its successor starts
+WORKER_RENEW_CHARS = 0
 
 KNOBS: dict[str, Any] = {
     # encoder threads for chunked encodes; None = the CPUs this process may use, at most

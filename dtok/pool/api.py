@@ -163,7 +163,8 @@ class Pool:
                                              resume=lambda s: flow.start_next(s))
         flow = SessionFlow(state, answers, failover, push_task=lambda t: routing.push_task(t))
         self._dispatch = dispatch = Dispatch(state, flow, failover, answers,
-                                             check_timeouts=lambda: supervisor.check_timeouts())
+                                             check_timeouts=lambda: supervisor.check_timeouts(),
+                                             renew_idle=lambda: supervisor.renew_idle())
         self._routing = routing = Routing(state, flow, failover, dispatch.assign)
         self._loop_face = LoopFace(state, routing, flow, dispatch.assign)
         self._supervisor = supervisor = Supervisor(

@@ -30,12 +30,13 @@ class Dispatch:
     (supervision). Every method but :meth:`wait` runs with the pool's lock held."""
 
     def __init__(self, state: PoolState, flow: SessionFlow, failover: Failover, answers: Answers,
-                 check_timeouts: Callable[[], None]) -> None:
+                 check_timeouts: Callable[[], None], renew_idle: Callable[[], None]) -> None:
         self._state, self._flow, self._failover, self._answers = state, flow, failover, answers
-        self._check_timeouts = check_timeouts
+        self._check_timeouts, self._renew_idle = check_timeouts, renew_idle
 
     def assign(self) -> None:
-        """Give each idle live worker its next task."""
+        """Give each idle live worker its next task (one due for renewal first leaves)."""
+        self._renew_idle()
         for ch in self._state.channels:
             while ch.alive and ch.task is None:
                 task = self._state.queues.pop_for(ch.index)

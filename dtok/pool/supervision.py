@@ -128,12 +128,13 @@ class Supervisor:
         self.encoder_name = encoder
         self._state.estimator.start(encoder)
         self._to_renew = {ch.index for ch in self._state.channels}
-        self._renew_next()
+        self.renew_idle()
 
-    def _renew_next(self) -> None:
+    def renew_idle(self) -> None:
         """Ask one idle worker still on the old encoder, or past ``renew_chars``, to exit (its
         slot gets a worker forked from the zygote as it is now, its fast encoder's memo gone);
-        one at a time, so the others keep serving."""
+        one at a time, so the others keep serving. Called as work is handed out (a worker that
+        just answered is idle then) and on the dispatcher's rounds (caller holds the lock)."""
         state = self._state
         if self._renew_chars:
             self._to_renew.update(ch.index for ch in state.channels
@@ -184,7 +185,7 @@ class Supervisor:
                     self._on_death(ch.index)
                     continue
                 shm.sigkill(ch.pid)
-        self._renew_next()
+        self.renew_idle()
         self._dispatch.assign()
 
     def _on_death(self, index: int, replace: bool = True,
@@ -271,8 +272,9 @@ class Supervisor:
                 elif ev.get("event") == "dead":
                     ch = state.channels[ev["index"]]
                     if ch.pid == ev["pid"]:
-                        log.warning("dtok pool: worker %d exit status %s", ev["index"],
-                                    ev.get("status"))
+                        renewed = self._retiring.get(ev["index"]) == ev["pid"]  # asked to exit
+                        (log.info if renewed else log.warning)(
+                            "dtok pool: worker %d exit status %s", ev["index"], ev.get("status"))
                         self._dispatch.harvest()  # it may have answered before dying
                         self._on_death(ev["index"])
                 elif ev.get("event") == "guards":
