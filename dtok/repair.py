@@ -50,6 +50,7 @@ from typing import Callable, NamedTuple, Protocol, Sequence
 from dtok.chunking import split_at
 from dtok_ext.align import common_prefix, match_runs
 from dtok_ext.buffers import equal_ids
+from dtok_ext.cuts import AnchorWriter, nearest_anchor
 
 PROBE_WIDTH = 32  # characters of old text that identify an anchored stretch in the new text
 
@@ -73,10 +74,15 @@ class Anchors:
 
     def nearest(self, pos: int) -> int:
         """Index of the anchor nearest to pos."""
-        i = bisect_left(self.offsets, pos)
-        if i == len(self.offsets) or (i > 0 and pos - self.offsets[i - 1] <= self.offsets[i] - pos):
-            return i - 1
-        return i
+        return nearest_anchor(self.offsets, pos)
+
+    @classmethod
+    def written(cls, out: AnchorWriter) -> "Anchors":
+        """The anchors an :class:`~dtok_ext.cuts.AnchorWriter` finished: its arrays as they
+        are, not copies."""
+        anchors = cls.__new__(cls)
+        anchors.offsets, anchors.tokens = out.offsets, out.tokens
+        return anchors
 
     def between(self, lo: int, hi: int) -> tuple[int, int]:
         """Index range of the anchors with lo <= offset <= hi."""
@@ -182,6 +188,9 @@ class CutRulesLike(Protocol):
              direction: int) -> int: ...
 
     def grid(self, text: str, start: int, end: int, spacing: int, budget: int) -> list[int]: ...
+
+    def append_pieces(self, old: str, offsets: array, new: str, scan_budget: int, spacing: int
+                      ) -> tuple[int, int, list[int], list[str]] | None: ...
 
 
 class PlanKnobs(NamedTuple):
@@ -343,7 +352,7 @@ def next_anchors(plan: Plan, resolved: Sequence[tuple[int, int]], counts: Sequen
     characters: an anchor closer than that to the one kept before it is dropped. ``resolved``
     and ``counts`` are what executing the plan gave (:class:`Outcome`; a pool worker reports
     them)."""
-    out = _NewAnchors(spacing)
+    out = AnchorWriter(spacing)
     gap, offsets, add = out.gap, out.offsets, out.add
     t = 0  # token index in the new IDs
     reuse = iter(resolved)
@@ -358,7 +367,7 @@ def next_anchors(plan: Plan, resolved: Sequence[tuple[int, int]], counts: Sequen
             i, j = old.between(max(lo, op.old_start, offsets[-1] + gap - shift_o),
                                min(hi, op.old_end))
             if shift_o == 0 and shift_t == 0:  # a kept prefix: its anchors as they are
-                out.keep(old, i, j)
+                out.keep(old.offsets, old.tokens, i, j)
             else:
                 for k in range(i, j):
                     add(old.offsets[k] + shift_o, old.tokens[k] + shift_t)
@@ -370,40 +379,8 @@ def next_anchors(plan: Plan, resolved: Sequence[tuple[int, int]], counts: Sequen
                 add(cut, t)
             t += ids[-1]
         add(op.new_end, t)
-    return out.finish(plan.new_len, t)
-
-
-class _NewAnchors:
-    """The anchors of a new text as they are written: about one per ``spacing / 2`` characters
-    (one closer than that to the anchor before it is dropped), and the end always."""
-
-    __slots__ = ("gap", "offsets", "tokens")
-
-    def __init__(self, spacing: int) -> None:
-        self.gap = max(1, spacing // 2)
-        self.offsets, self.tokens = array("q", [0]), array("q", [0])
-
-    def add(self, offset: int, token: int) -> None:
-        if offset - self.offsets[-1] >= self.gap:
-            self.offsets.append(offset)
-            self.tokens.append(token)
-
-    def keep(self, old: Anchors, i: int, j: int) -> None:
-        """``old``'s anchors ``i`` to ``j`` as they are (a kept prefix's)."""
-        self.offsets += old.offsets[i:j]
-        self.tokens += old.tokens[i:j]
-
-    def finish(self, end: int, token: int) -> Anchors:
-        offsets, tokens = self.offsets, self.tokens
-        if offsets[-1] != end:
-            if len(offsets) > 1 and end - offsets[-1] < self.gap // 4:
-                offsets.pop()
-                tokens.pop()
-            offsets.append(end)
-            tokens.append(token)
-        out = Anchors.__new__(Anchors)  # the arrays as they are, not copies
-        out.offsets, out.tokens = offsets, tokens
-        return out
+    out.finish(plan.new_len, t)
+    return Anchors.written(out)
 
 
 # --- a pure append in one pass -----------------------------------------------------------------
@@ -427,36 +404,22 @@ def continue_append(rules: CutRulesLike, old: str, anchors: Anchors, new: str,
     anchors :func:`plan_continuation`, :func:`execute` and :func:`next_anchors` give for it,
     without their objects (a cold turn paid for each of them). None where no seam is found (the
     general path then decides)."""
-    m, n = len(old), len(new)
-    d = rules.seam(old, m, new, m, min(m, knobs.scan_budget), -1)
-    if d < 0 or d >= m or n <= m:
+    found = rules.append_pieces(old, anchors.offsets, new, knobs.scan_budget, knobs.spacing)
+    if found is None:
         return None
-    x = m - d  # the seam: a cut of both texts, IDs before it kept
-    i = anchors.nearest(x)
+    x, i, cuts, texts = found  # the seam: a cut of both texts, IDs before it kept
     a, t = anchors.offsets[i], anchors.tokens[i]
-    cuts = rules.grid(new, x, n, knobs.spacing, knobs.scan_budget)
-    texts = split_at(new, cuts, x, n)
-    if a != x:  # the old text between the anchor and the seam, to place the seam's token
-        texts.insert(0, old[a:x] if a < x else old[x:a])
     encoded = encode_texts(texts)
-    if a != x:
+    if a != x:  # texts[0]: the old text between the anchor and the seam, to place its token
         snippet = encoded.pop(0)
         t = seam_token(old_body, t, a < x, snippet, sum(len(p) for p in snippet))
     keep = t
     # next_anchors for this plan: the kept prefix's anchors as they are, then the fresh grid's
-    out = _NewAnchors(knobs.spacing)
-    j = bisect_right(anchors.offsets, min(m - rules.context, x))
-    out.keep(anchors, bisect_left(anchors.offsets, out.gap, 0, j), j)
-    tail = []
-    cuts.append(n)
-    for cut, parts in zip(cuts, encoded):
-        out.add(x, t)  # the piece's start
-        for p in parts:
-            t += len(p)
-        tail += parts
-        x = cut
-    out.add(n, t)
-    return Appended(keep, tail, out.finish(n, t), m - d)
+    out = AnchorWriter(knobs.spacing)
+    out.keep_prefix(anchors.offsets, anchors.tokens, min(len(old) - rules.context, x))
+    tail, t = out.fresh(x, t, cuts, encoded, len(new))
+    out.finish(len(new), t)
+    return Appended(keep, tail, Anchors.written(out), x)
 
 
 # --- the planner the session store and the pool share ------------------------------------------

@@ -40,3 +40,7 @@ cdef class CutRules:
     cdef Py_ssize_t scan_forward(self, str text, Py_ssize_t start, Py_ssize_t stop,
                                  Py_ssize_t limit) except -2
     cdef bint cut_or_end(self, str text, const UText* t, Py_ssize_t b) except -1
+    cdef Py_ssize_t _seam(self, str old, Py_ssize_t old_pos, str new, Py_ssize_t new_pos,
+                          Py_ssize_t count, int direction) except -2
+    cdef list _grid(self, str text, Py_ssize_t start, Py_ssize_t end, Py_ssize_t spacing,
+                    Py_ssize_t budget)

@@ -15,6 +15,7 @@ A position is safe when no occurrence of any added-token string covers it, and e
 The argument for each family's transition set is in :mod:`dtok.families`.
 """
 from cpython cimport array
+from cpython.object cimport Py_SIZE
 import array
 
 from dtok_ext.utf8 cimport cache_utf8_if_clean
@@ -577,10 +578,14 @@ cdef class CutRules:
         """The first d in 0..count such that old_pos + d*direction is a cut of old and
         new_pos + d*direction is a cut of new (a cut: a safe cut of the whole text, or either end
         of it); -1 if none. direction is +1 (forward) or -1 (backward)."""
-        cdef UText o = utext_of(old), n = utext_of(new)
-        cdef Py_ssize_t d, a, b
         if direction not in (1, -1):
             raise ValueError("direction must be +1 or -1")
+        return self._seam(old, old_pos, new, new_pos, count, direction)
+
+    cdef Py_ssize_t _seam(self, str old, Py_ssize_t old_pos, str new, Py_ssize_t new_pos,
+                          Py_ssize_t count, int direction) except -2:
+        cdef UText o = utext_of(old), n = utext_of(new)
+        cdef Py_ssize_t d, a, b
         for d in range(count + 1):
             a = old_pos + d * direction
             b = new_pos + d * direction
@@ -596,11 +601,15 @@ cdef class CutRules:
         """Safe cuts of the whole text inside (start, end), about `spacing` apart: from each
         tentative position (the previous cut + spacing) scan back at most `budget` characters,
         never closer than spacing/4 to the previous cut or to `end`."""
-        cdef Py_ssize_t prev = start, target, lo, b, n = len(text)
-        cdef Py_ssize_t quarter = spacing // 4 if spacing >= 4 else 1
-        cdef array.array cuts = array.array("q")
         if spacing < 1:
             raise ValueError("spacing must be positive")
+        return self._grid(text, start, end, spacing, budget)
+
+    cdef list _grid(self, str text, Py_ssize_t start, Py_ssize_t end, Py_ssize_t spacing,
+                    Py_ssize_t budget):
+        cdef Py_ssize_t prev = start, target, lo, b, n = len(text)
+        cdef Py_ssize_t quarter = spacing // 4 if spacing >= 4 else 1
+        cdef list cuts = []
         target = start + spacing
         while target <= end - quarter:
             lo = target - budget
@@ -613,4 +622,145 @@ cdef class CutRules:
                 target = b + spacing
             else:
                 target += spacing
-        return cuts.tolist()
+        return cuts
+
+    def append_pieces(self, str old not None, array.array offsets not None, str new not None,
+                      Py_ssize_t scan_budget, Py_ssize_t spacing):
+        """What a pure append (``new`` = ``old`` + more, :func:`dtok.repair.continue_append`)
+        encodes, found in one call: ``(x, i, cuts, texts)``, the seam x (the first cut of both
+        texts scanning back from the old end, at most ``scan_budget``; never 0), the index i of
+        the anchor nearest to it (``offsets``: the stored anchors', :func:`nearest_anchor`), the
+        grid cuts of ``new[x:]`` and the texts to encode: the old text between that anchor and
+        the seam first where they differ, then ``new[x:]`` cut at the grid. None where there is
+        no such seam."""
+        cdef Py_ssize_t m = len(old), n = len(new), d, x, i, a
+        if spacing < 1:
+            raise ValueError("spacing must be positive")
+        if n <= m:
+            return None
+        d = self._seam(old, m, new, m, scan_budget if scan_budget < m else m, -1)
+        if d < 0 or d >= m:
+            return None
+        x = m - d
+        i = _nearest(offsets, x)
+        a = offsets.data.as_longlongs[i]
+        cdef list cuts = self._grid(new, x, n, spacing, scan_budget)
+        cdef list texts = []
+        if a < x:
+            texts.append(old[a:x])
+        elif a > x:
+            texts.append(old[x:a])
+        cdef Py_ssize_t lo = x
+        for b in cuts:
+            texts.append(new[lo:b])
+            lo = b
+        texts.append(new[lo:n])
+        return x, i, cuts, texts
+
+
+# --- anchors (dtok.repair): a stored text's cuts with their token indices ---------------------
+
+cdef array.array _INT64 = array.array("q")
+
+
+cdef Py_ssize_t _bisect(const long long* o, Py_ssize_t lo, Py_ssize_t hi, long long value,
+                        bint right) noexcept:
+    """bisect_left (``right``: bisect_right) of ``value`` in ``o[lo:hi]``, ascending."""
+    cdef Py_ssize_t mid
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if o[mid] < value or (right and o[mid] == value):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef Py_ssize_t _nearest(array.array offsets, Py_ssize_t pos) except -1:
+    cdef const long long* o = offsets.data.as_longlongs
+    cdef Py_ssize_t n = Py_SIZE(offsets), i
+    if n == 0:
+        raise ValueError("no anchors")
+    i = _bisect(o, 0, n, pos, False)
+    if i == n or (i > 0 and pos - o[i - 1] <= o[i] - pos):
+        return i - 1
+    return i
+
+
+def nearest_anchor(array.array offsets not None, Py_ssize_t pos):
+    """Index of the anchor offset nearest to pos (``offsets`` ascending, int64; the earlier of
+    two as near)."""
+    return _nearest(offsets, pos)
+
+
+cdef class AnchorWriter:
+    """The anchors of a new text as they are written (:func:`dtok.repair.next_anchors`): about
+    one per ``spacing / 2`` characters (one closer than that to the anchor before it is
+    dropped), ``(0, 0)`` first and the end always (:meth:`finish`). ``offsets`` and ``tokens``
+    are int64 arrays."""
+
+    cdef readonly Py_ssize_t gap
+    cdef readonly array.array offsets
+    cdef readonly array.array tokens
+
+    def __cinit__(self, Py_ssize_t spacing):
+        self.gap = spacing // 2 if spacing >= 2 else 1
+        self.offsets = array.clone(_INT64, 1, True)  # (0, 0)
+        self.tokens = array.clone(_INT64, 1, True)
+
+    cpdef add(self, long long offset, long long token):
+        cdef Py_ssize_t k = Py_SIZE(self.offsets)
+        if offset - self.offsets.data.as_longlongs[k - 1] >= self.gap:
+            array.resize_smart(self.offsets, k + 1)
+            array.resize_smart(self.tokens, k + 1)
+            self.offsets.data.as_longlongs[k] = offset
+            self.tokens.data.as_longlongs[k] = token
+
+    def keep(self, array.array offsets not None, array.array tokens not None, Py_ssize_t i,
+             Py_ssize_t j):
+        """Anchors ``i`` to ``j`` of another text as they are (a kept prefix's)."""
+        if i >= j:
+            return
+        if i < 0 or j > Py_SIZE(offsets) or j > Py_SIZE(tokens):
+            raise IndexError("anchors out of range")
+        array.extend_buffer(self.offsets, <char*>&offsets.data.as_longlongs[i], j - i)
+        array.extend_buffer(self.tokens, <char*>&tokens.data.as_longlongs[i], j - i)
+
+    def keep_prefix(self, array.array offsets not None, array.array tokens not None,
+                    long long until):
+        """The anchors of a kept prefix as they are: those from ``gap`` to ``until``."""
+        cdef const long long* o = offsets.data.as_longlongs
+        cdef Py_ssize_t j = _bisect(o, 0, Py_SIZE(offsets), until, True)
+        self.keep(offsets, tokens, _bisect(o, 0, j, self.gap, False), j)
+
+    def fresh(self, Py_ssize_t start, long long token, list cuts, list encoded, Py_ssize_t end):
+        """Fresh text ``[start, end)`` cut at ``cuts``, its pieces' IDs ``encoded`` (a list of
+        int32 buffers per piece) after ``token`` IDs: each piece's start anchored, and the end.
+        Returns ``(the IDs in order, the token index at the end)``."""
+        cdef list tail = []
+        cdef Py_ssize_t k, x = start
+        if len(encoded) != len(cuts) + 1:
+            raise ValueError("one list of IDs per piece")
+        for k in range(len(cuts) + 1):
+            self.add(x, token)
+            for part in encoded[k]:
+                token += len(part)
+                tail.append(part)
+            if k < len(cuts):
+                x = cuts[k]
+        self.add(end, token)
+        return tail, token
+
+    def finish(self, long long end, long long token):
+        """The end anchored (an anchor closer to it than a quarter of ``gap`` is dropped)."""
+        cdef Py_ssize_t k = Py_SIZE(self.offsets)
+        cdef long long* o = self.offsets.data.as_longlongs
+        if o[k - 1] != end:
+            if k > 1 and end - o[k - 1] < self.gap // 4:
+                k -= 1
+                array.resize(self.offsets, k)
+                array.resize(self.tokens, k)
+            array.resize_smart(self.offsets, k + 1)
+            array.resize_smart(self.tokens, k + 1)
+            self.offsets.data.as_longlongs[k] = end
+            self.tokens.data.as_longlongs[k] = token

@@ -461,3 +461,24 @@ def test_one_pass_append_is_the_general_plan(name):
             assert list(one.anchors.tokens) == list(want_anchors.tokens)
             ids = list(body[: one.keep]) + [i for p in one.tail for i in p]
             assert ids == ref_ids(tok, new, False)
+
+
+def test_anchor_writer_and_nearest_anchor():
+    """The anchors' compiled helpers: the nearest anchor (the earlier of two as near), a kept
+    range copied as it is and one out of range refused, an anchor closer than the gap dropped,
+    the end always written."""
+    from array import array
+
+    from dtok_ext.cuts import AnchorWriter, nearest_anchor
+
+    offsets = array("q", [0, 10, 20, 40])
+    got = [nearest_anchor(offsets, pos) for pos in (0, 4, 5, 6, 15, 29, 30, 31, 40, 99)]
+    assert got == [0, 0, 0, 1, 1, 2, 2, 3, 3, 3]
+    out = AnchorWriter(16)  # gap 8
+    out.keep(offsets, array("q", [0, 3, 6, 9]), 1, 3)
+    out.add(22, 7)  # closer than the gap to 20: dropped
+    out.add(30, 8)
+    with pytest.raises(IndexError):
+        out.keep(offsets, offsets, 2, 5)
+    out.finish(31, 9)  # closer than gap // 4 to 30: 30 gives way to the end
+    assert list(zip(out.offsets, out.tokens)) == [(0, 0), (10, 3), (20, 6), (31, 9)]
