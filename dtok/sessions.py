@@ -163,14 +163,18 @@ class SessionStore:
         list kept up to date in O(changed IDs): :class:`~dtok_ext.buffers.IdList`).
         ``max_chars``: only if that costs at most this much encoding (:meth:`PieceEncoder.work`)
         and the session is not busy with another request; else None, and nothing changed."""
-        with self._lock:
-            entry = self._keyed.get(key)
-            if entry is None:
-                if max_chars is not None and self._pieces.work(len(text)) > max_chars:
-                    return None  # a first turn: the whole text to encode
-                entry = Entry(key)
-                self._keyed[key] = entry
-                self._lru[entry] = None
+        # a stored session is found without the store's lock (one dict read); one evicted
+        # meanwhile is served and not accounted, as when eviction comes after this read
+        entry = self._keyed.get(key)
+        if entry is None:
+            with self._lock:
+                entry = self._keyed.get(key)
+                if entry is None:
+                    if max_chars is not None and self._pieces.work(len(text)) > max_chars:
+                        return None  # a first turn: the whole text to encode
+                    entry = Entry(key)
+                    self._keyed[key] = entry
+                    self._lru[entry] = None
         if not entry.lock.acquire(blocking=max_chars is None):
             return None
         try:
@@ -342,7 +346,8 @@ class SessionStore:
             return None
         in_place = not borrowed or is_continuation(done.reused, len(entry.text))
         total = p + done.keep + sum(map(len, done.tail)) + s
-        self._splice(entry, old_body, p + done.keep, done.tail, in_place, room_for(total))
+        self._splice(entry, old_body, p + done.keep, done.tail, in_place, room_for(total),
+                     fresh=True)
         entry.text, entry.anchors = text, done.anchors
         entry.unchanged = p + done.keep
         return done.reused
@@ -367,12 +372,13 @@ class SessionStore:
         entry.unchanged = 0 if plan.kind == "encode" else p + outcome.keep
 
     def _splice(self, entry: Entry, old_body: memoryview, keep: int, tail: list,
-                in_place: bool, headroom: int) -> None:
+                in_place: bool, headroom: int, fresh: bool = False) -> None:
         """Make the entry's IDs ``current[:keep] + tail + suffix`` where it costs least and no
         caller's view changes (:meth:`dtok.session_core.SessionBuffers.where`): in the buffer
         itself (the reused stretches in ``tail``, slices of it, copied out first), in the
         spare, or in a new buffer; the one before becomes the spare. ``in_place`` False (a borrowed buffer that stays its owner's): always a new buffer,
-        nothing kept."""
+        nothing kept. ``fresh``: ``tail`` holds only newly encoded IDs (no slice of the
+        buffer)."""
         held, suffix = entry.buffers, self._pieces.suffix
         buf = held.current
         if not in_place:
@@ -381,8 +387,9 @@ class SessionStore:
         # the IDs grow where they are written (needed 0); old_body is this writer's own view
         where = held.where(0, may_write_in_place=True, own_views=1)
         if where == IN_PLACE:
-            tail[:] = [IdBuffer.concat((t,)) if isinstance(t, memoryview) and t.obj is buf else t
-                       for t in tail]
+            if not fresh:
+                tail[:] = [IdBuffer.concat((t,)) if isinstance(t, memoryview) and t.obj is buf
+                           else t for t in tail]
             old_body.release()
             buf.splice(keep, tail, suffix, headroom)
             held.written_in_place(keep)
