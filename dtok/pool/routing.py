@@ -31,15 +31,15 @@ class Routing:
         self._state, self._flow, self._failover, self._assign = state, flow, failover, assign
         self._rr = itertools.count()
 
-    def submit(self, text, session, add_special, as_list, waiter, scope=None) -> Request:
+    def submit(self, text, session, add_special_tokens, as_list, waiter, scope=None) -> Request:
         """A request routed and queued (the workers idle take it at once); ``waiter``: the
         thread id of a synchronous caller that waits on the workers itself."""
         state = self._state
         if state.closed:
             raise PoolError("the pool is closed")
-        req = Request(text, add_special, "session" if session is not None else "stateless",
+        req = Request(text, add_special_tokens, "session" if session is not None else "stateless",
                       as_list, waiter)
-        if type(text) is not str or type(add_special) is not bool or not state.channels:
+        if type(text) is not str or type(add_special_tokens) is not bool or not state.channels:
             self._failover.in_process(req, inline=waiter is not None)
             return req
         # A long stateless text is planned and cut before the lock is taken: other threads
