@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHARED, documents, header, machine, summary, write_json  # noqa: E402
 
 import dtok  # noqa: E402
-from dtok.testing import parts_of  # noqa: E402
+from dtok.tokenizer import parts_of  # noqa: E402
 
 
 def timed(fn):

@@ -63,7 +63,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dtok.chunking import split_at  # noqa: E402
-from dtok.testing import MECHANISMS, parts_of  # noqa: E402
+from dtok.testing import MECHANISMS  # noqa: E402
+from dtok.tokenizer import parts_of  # noqa: E402
 from common import (SHARED, balanced_order, balanced_period, documents, header,  # noqa: E402
                     machine, smaps, summary, write_json)
 

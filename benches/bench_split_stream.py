@@ -42,7 +42,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dtok.testing import MECHANISMS, parts_of  # noqa: E402
+from dtok.testing import MECHANISMS  # noqa: E402
+from dtok.tokenizer import parts_of  # noqa: E402
 from common import (LETTERS, SHARED, balanced_order, documents, header, machine,  # noqa: E402
                     permuted_letters, summary, transcript_windows, write_json)
 

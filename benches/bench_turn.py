@@ -70,7 +70,7 @@ os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
 from common import SHARED, balanced_order, balanced_period, header, machine, summary, write_json  # noqa: E402
 
 import dtok  # noqa: E402
-from dtok.testing import parts_of  # noqa: E402
+from dtok.tokenizer import parts_of  # noqa: E402
 
 PAUSE_S = 0.020
 

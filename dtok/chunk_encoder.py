@@ -41,8 +41,8 @@ LONGEST_FAST_CHUNK = 1 << 20
 # A pool thread takes its run of chunks in steps of at most this many characters (at least one
 # chunk), so that the calling thread, done with its own run, can take the rest from the back.
 RUN_STEP_CHARS = 160_000
-# :func:`text_class` reads this many runs of this many characters of a long chunk (reading it
-# all would cost a tenth of the encode it decides on).
+# :func:`text_class` reads this many samples of this many characters of a long chunk (reading
+# it all would cost a tenth of the encode it decides on).
 CLASS_SAMPLES, CLASS_SAMPLE_CHARS = 16, 256
 # With ``threads=None``, a split must save this much work (characters of Latin text on a fast
 # encoder) where fastokens runs one BPE thread a call: chosen over a server's stream of requests.
@@ -63,7 +63,7 @@ def text_class(chunk: str) -> str:
     speed was measured on (``tools/data/build_guards.py --speed``)."""
     if chunk.isascii():
         return ONE_BYTE_TEXT
-    # a few runs of contiguous characters spread over the chunk: reading every 61st character
+    # a few samples of contiguous characters spread over the chunk: reading every 61st character
     # of 1M instead (every cache line of a 2-byte string, cold) took ~0.6 ms, a tenth of the
     # encode it decides on
     step = len(chunk) // CLASS_SAMPLES
@@ -134,8 +134,7 @@ class ChunkEncoder:
 
     ``general`` (the fast encoder of every text class with the rules that guard it, or the
     reference), ``specialist`` (gigatoken, for ``specialist_classes`` of text) and ``reference``
-    are read at each call:
-    the controls of the exactness battery replace them (test seams)."""
+    are read at each call: the controls of the exactness battery replace them (test seams)."""
 
     def __init__(self, loaded: LoadedFile, knobs: dict[str, Any], chunker: Chunker) -> None:
         a = loaded.admission
@@ -151,7 +150,7 @@ class ChunkEncoder:
         self.reference = ReferenceEncoder(loaded.reference)
         use_fast = loaded.fast is not None and knobs["encoder"] != "reference"
         self.general = GuardedEncoder(loaded.fast if use_fast else self.reference, loaded.rules,
-                         loaded.nfc_by_fast)
+                                      loaded.nfc_by_fast)
         self.specialist: GuardedEncoder | None = loaded.specialist if use_fast else None
         self.specialist_classes = loaded.specialist_classes if use_fast else frozenset()
         self.split_saving = self._split_saving()  # the split rule's bound (split_pays)
@@ -479,13 +478,13 @@ class ChunkEncoder:
             return ["reference"] * len(chunks)
         out = []
         for chunk in chunks:
-            segs = [(a, b, why) for a, b, why in self.stretches(chunk) if why is not None]
-            if not segs:
+            away = [(a, b, why) for a, b, why in self.stretches(chunk) if why is not None]
+            if not away:
                 out.append("fast")
             else:
-                n = sum(b - a for a, b, _ in segs)
-                out.append(f"reference for {n} of {len(chunk)} chars ({len(segs)} stretch(es), "
-                           f"first: {segs[0][2]})")
+                n = sum(b - a for a, b, _ in away)
+                out.append(f"reference for {n} of {len(chunk)} chars ({len(away)} stretch(es), "
+                           f"first: {away[0][2]})")
         return out
 
     def counts(self) -> dict[str, int]:
@@ -529,7 +528,7 @@ class ChunkEncoder:
         return not self.auto_threads or (chars - largest) * weight >= bound
 
     def split_threads(self, chunks: list[str]) -> int:
-        """The threads :meth:`encode_texts` shares these chunks (a text's chunks) among: the
+        """The threads :meth:`encode_texts` shares a text's chunks among: the
         decision it makes, for ``explain``."""
         if self.general.encoder is self.reference:
             return min(self.threads, len(chunks))

@@ -13,7 +13,8 @@ function for that hook with :func:`hooked`:
 ['entry']
 
 A test or bench reads a tokenizer's private parts (its chunk encoder, planner, chunker, cut
-rules, loaded file) through :func:`parts_of`, never through its private attributes.
+rules, loaded file) through :func:`dtok.tokenizer.parts_of`, never through its private
+attributes. This module imports nothing of dtok's: every module may import it.
 
 Benches switch dtok's scheduling mechanisms off the same way, one at a time, to measure what
 each is worth (:func:`switched_off`; benches/bench_split_stream.py ``--variants``,
@@ -44,7 +45,7 @@ IN_PROCESS_ENCODE = "in_process_encode"
 ZYGOTE_CONFIG = "zygote_config"
 
 #: Scheduling mechanisms :func:`switched_off` turns off (those the ablation of 2026-12-07 kept;
-#: it removed long pieces of other text and text weights): a text's chunks shared among threads
+#: it removed long chunks of other text and text weights): a text's chunks shared among threads
 #: in contiguous runs, each thread routing its own (dtok.chunk_encoder; off: routed in the calling
 #: thread, then each encoder's calls shared out);
 OFF_RUNS = "runs of chunks"
@@ -90,20 +91,6 @@ def hooked(name: str, fn: Callable) -> Iterator[None]:
         yield
     finally:
         del _installed[name]
-
-
-def parts_of(tok):
-    """The private parts of the :class:`dtok.Tokenizer` ``tok``
-    (:class:`dtok.tokenizer.TokenizerParts`: ``loaded``, ``rules``, ``chunker``, ``pieces``,
-    ``planner``), the objects it uses itself.
-
-    >>> import dtok
-    >>> parts_of(dtok.Tokenizer.default()).rules is not None  # an admitted file has cut rules
-    True
-    """
-    from dtok.tokenizer import parts_of as tokenizer_parts  # (dtok.tokenizer imports this module)
-
-    return tokenizer_parts(tok)
 
 
 def is_off(name: str) -> bool:

@@ -404,9 +404,9 @@ class Tokenizer:
 
 
 class TokenizerParts(NamedTuple):
-    """A tokenizer's private parts, for tests, benches and tools (:func:`dtok.testing.parts`):
-    the loaded file, the load's cut rules (None: not admitted), the chunker, the chunk encoder
-    and the continuation planner. The same objects the tokenizer uses, not copies."""
+    """A tokenizer's private parts, for tests, benches and tools (:func:`parts_of`): the loaded
+    file, the load's cut rules (None: not admitted), the chunker, the chunk encoder and the
+    continuation planner. The objects the tokenizer uses, not copies."""
 
     loaded: LoadedFile
     rules: CutRules | None
@@ -416,7 +416,13 @@ class TokenizerParts(NamedTuple):
 
 
 def parts_of(tok: Tokenizer) -> TokenizerParts:
-    """The parts of ``tok`` (:class:`TokenizerParts`); :func:`dtok.testing.parts` is the door."""
+    """The parts of ``tok``: the one door tests, benches and tools go through to reach inside a
+    tokenizer (production code asks through :attr:`Tokenizer.planning` and the public methods).
+
+    >>> parts = parts_of(Tokenizer.default())
+    >>> parts.rules is not None, parts.chunk_encoder.general.encoder.name != "reference"
+    (True, True)
+    """
     return TokenizerParts(tok._loaded, tok._rules, tok._chunker, tok._chunk_encoder, tok._planner)
 
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from conftest import read_text
-from dtok.testing import parts_of
+from dtok.tokenizer import parts_of
 
 # Fragments that break naive cuts, each a reason a check exists.
 FRAGMENTS = [

@@ -6,7 +6,7 @@ import hashlib
 import pytest
 
 import dtok
-from dtok.testing import parts_of
+from dtok.tokenizer import parts_of
 from conftest import (FAMILY_OF, MAIN_FILES, OTHER_FILES, load_tokenizer, read_text, ref_ids,
                       shared_path)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import load_tokenizer, read_text, ref_ids, tokenizer_path
-from dtok.testing import parts_of
+from dtok.tokenizer import parts_of
 
 LONG = {
     "prose": lambda: read_text("prose", "gutenberg-2701_moby-dick.txt")[:400_000],

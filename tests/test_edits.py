@@ -10,7 +10,7 @@ import pytest
 
 import dtok
 from dtok import testing
-from dtok.testing import parts_of
+from dtok.tokenizer import parts_of
 from battery import FRAGMENTS, token_fragments
 from conftest import MAIN_FILES, load_tokenizer, read_text, ref_ids, ref_ids_many
 from dtok.admission import bundled_files

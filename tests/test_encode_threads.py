@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from dtok import encode_threads
-from dtok.testing import parts_of
+from dtok.tokenizer import parts_of
 from dtok.encode_threads import EncodeThreads
 from dtok_ext import cpus
 
@@ -172,6 +172,6 @@ def test_default_threads_leave_a_many_core_host_to_the_engine(monkeypatch):
 
     tok = dtok.Tokenizer.default(guard_probes="off")
     for cpus, want in ((1, 1), (2, 2), (64, DEFAULT_THREADS_MAX)):
-        monkeypatch.setattr(pieces, "available_cpus", lambda: cpus)
+        monkeypatch.setattr(chunk_encoder, "available_cpus", lambda: cpus)
         assert parts_of(tok.with_knobs()).chunk_encoder.threads == want
     assert parts_of(tok.with_knobs(threads=16)).chunk_encoder.threads == 16

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from battery import (FRAGMENTS, battery_texts, check_cuts, check_repairs, checks_disabled,
                      token_fragments)
 from conftest import load_tokenizer, ref_ids, shared_path
-from dtok.testing import parts_of
+from dtok.tokenizer import parts_of
 from dtok_ext.cuts import VERDICT_AT_SPECIAL, VERDICT_TRANSITION
 
 

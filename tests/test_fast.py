@@ -12,7 +12,7 @@ from contextlib import nullcontext
 import pytest
 
 import dtok
-from dtok.testing import parts_of
+from dtok.tokenizer import parts_of
 from conftest import (FAMILY_OF as FAMILY, MAIN_FILES, ROOT, load_tokenizer, read_text, ref_ids,
                       ref_ids_many, shared_path, tokenizer_path)
 from dtok import guards
@@ -788,7 +788,7 @@ def test_default_threads_share_a_text_only_where_the_split_pays(monkeypatch):
     given. The IDs are the reference's either way."""
     from dtok import chunk_encoder
 
-    monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
+    monkeypatch.setattr(chunk_encoder, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
     monkeypatch.setenv("FASTOKENS_BPE_THREADS", "1")  # as dtok holds it there
     base = fast_tok("qwen3", content_lookup=False)
     auto, two = base.with_knobs(threads=None), base.with_knobs(threads=2)
@@ -849,7 +849,7 @@ def test_threads_take_runs_of_chunks_and_never_wait_for_one_that_did_not_start(m
 
     from dtok import chunk_encoder
 
-    monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
+    monkeypatch.setattr(chunk_encoder, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
     monkeypatch.setenv("FASTOKENS_BPE_THREADS", "1")  # as dtok holds it there
     base = fast_tok("qwen3", content_lookup=False)  # its other text in 64K chunks on any threads
     auto, two = base.with_knobs(threads=None), base.with_knobs(threads=2)
@@ -886,7 +886,7 @@ def test_the_caller_takes_the_rest_of_a_slow_pool_threads_run_from_the_back(monk
     taken whole), the caller encodes only its own run. The IDs are the reference's each time."""
     from dtok import chunk_encoder, testing
 
-    monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
+    monkeypatch.setattr(chunk_encoder, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
     tok = fast_tok("qwen3", content_lookup=False).with_knobs(threads=2)
     multi = read_text("multilingual", "udhr_all-languages_concatenated.txt")
     text = (multi * (1 + 1_000_000 // len(multi)))[:1_000_000]
@@ -926,17 +926,16 @@ def test_default_threads_do_not_split_a_piece_unevenly(monkeypatch):
     it does). An explicit ``threads`` still splits. The IDs are the reference's either way."""
     from dtok import chunk_encoder
 
-    monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
+    monkeypatch.setattr(chunk_encoder, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
     monkeypatch.setenv("FASTOKENS_BPE_THREADS", "1")  # as dtok holds it there
     base = fast_tok("qwen3", content_lookup=False)
     auto, two = base.with_knobs(threads=None), base.with_knobs(threads=2)
     prose = read_text("prose", "gutenberg-2701_moby-dick.txt")
     short, long = prose[:300], (prose * 2)[:1_000_000]
-    items = [(0, short), (1, long)]
     # an even split pays
     assert parts_of(auto).chunk_encoder.useful_threads(len(short) + len(long), 1) == 2
-    assert parts_of(auto).chunk_encoder._groups(items, True) == [items]
-    assert len(parts_of(two).chunk_encoder._groups(items, True)) == 2
+    assert parts_of(auto).chunk_encoder.split_threads([short, long]) == 1
+    assert parts_of(two).chunk_encoder.split_threads([short, long]) == 2
     text = short + "\u0378" + long[:700_000]  # U+0378: unassigned, a guard
     for tok, calls in ((auto, 1), (two, 2)):  # fast-encoder calls: one per thread used
         ids, seen = encode_recording_threads(monkeypatch, tok, text)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import dtok
-from dtok.testing import parts_of
+from dtok.tokenizer import parts_of
 from conftest import ROOT, load_tokenizer, read_text, ref_ids, ref_ids_many, shared_path
 from dtok import testing
 from dtok.admission import TokenizerFiles

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 import dtok
-from dtok.testing import parts_of
+from dtok.tokenizer import parts_of
 from conftest import (MAIN_FILES, load_tokenizer, next_turn, read_text, ref_ids, ref_ids_many,
                       shared_path)
 from dtok.chat import detect_style, render_turns

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import load_tokenizer
-from dtok.testing import parts_of
+from dtok.tokenizer import parts_of
 from dtok_ext.specials import SpecialMatcher
 
 ALPHABET = "ab<|>"

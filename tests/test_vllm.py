@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers") if not os.environ.get("CI") e
     __import__("transformers")
 from dtok.integrations import engine, identity  # noqa: E402
 from dtok.integrations import vllm as plugin  # noqa: E402
-from dtok.testing import parts_of  # noqa: E402
+from dtok.tokenizer import parts_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 _HF: dict[str, object] = {}

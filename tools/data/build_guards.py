@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dtok import guards  # noqa: E402
 from dtok.encoders import FastEncoder, FastEncoderError, GigaEncoder  # noqa: E402
-from dtok.testing import parts_of  # noqa: E402
+from dtok.tokenizer import parts_of  # noqa: E402
 from dtok.tokenizer import Tokenizer  # noqa: E402
 
 

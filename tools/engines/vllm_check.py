@@ -354,7 +354,7 @@ def _guard_off(tok):
     """The control's fault: the special-token check of the cut rules switched off through
     ``CutRules._check_specials``, the test seam the battery's controls use (``tests/battery.py``
     ``checks_disabled``), so this check proves it can see a wrong answer."""
-    from dtok.testing import parts_of
+    from dtok.tokenizer import parts_of
 
     rules = parts_of(tok).rules
     saved = rules._check_specials

@@ -81,7 +81,7 @@ def main() -> None:
         dtok.encoders.available_cpus = dtok.chunk_encoder.available_cpus = lambda: args.emulate_cpus
         os.environ.setdefault("FASTOKENS_BPE_THREADS", str(args.emulate_cpus))
     import dtok
-    from dtok.testing import parts_of
+    from dtok.tokenizer import parts_of
 
     knobs = {} if args.thread_renew_chars is None else {"thread_renew_chars": args.thread_renew_chars}
     tok = load_tokenizer(args.file, content_lookup=False, threads=args.threads, **knobs)
