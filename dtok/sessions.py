@@ -161,8 +161,8 @@ class SessionStore:
                      ) -> memoryview | list | None:
         """The IDs of ``text`` continued from the session ``key`` (a view, or with ``as_list`` a
         list kept up to date in O(changed IDs): :class:`~dtok_ext.buffers.IdList`).
-        ``max_chars``: only if that costs at most this much encoding (:meth:`ChunkEncoder.encoding_cost`)
-        and the session is not busy with another request; else None, and nothing changed."""
+        ``max_chars``: only if that costs at most this much encoding
+        (:meth:`ChunkEncoder.encoding_cost`) and the session is not busy with another request; else None, and nothing changed."""
         with self._lock:
             entry = self._keyed.get(key)
             if entry is None:
@@ -268,7 +268,8 @@ class SessionStore:
         stored text were reused. ``borrowed``: the entry's buffer belongs to a content-lookup
         entry that this one replaces only if it reuses most of it; otherwise the buffer is never
         spliced in place (the stored entry keeps its IDs). ``max_chars``: None, and the entry
-        untouched, where the plan would encode more than that (:meth:`ChunkEncoder.encoding_cost`)."""
+        untouched, where the plan would encode more than that
+        (:meth:`ChunkEncoder.encoding_cost`)."""
         old, prefix = entry.text, None
         if not borrowed and self._encodes_whole(old, text):
             # a short session: the stateless encode costs less than a continuation's work
