@@ -595,7 +595,7 @@ def giga_table(tok: dtok.Tokenizer) -> guards.GuardTable:
 
 def with_giga(tok: dtok.Tokenizer, classes=("latin", "other"), guarded: bool = True,
               renew_chars: int | None = None) -> dtok.Tokenizer:
-    """A clone whose second lane is gigatoken, taking ``classes`` (all: every piece goes to it
+    """A clone whose specialist is gigatoken, taking ``classes`` (all: every chunk goes to it
     first). ``guarded=False`` is the control's private hook: gigatoken's guards switched off
     (no guard character at all, its NFC taken as proven), so it gets every piece whole."""
     from dtok.encoders import GigaEncoder
