@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHARED, documents, header, machine, summary, write_json  # noqa: E402
 
 import dtok  # noqa: E402
+from dtok.tokenizer import parts_of  # noqa: E402
 
 
 def timed(fn):
@@ -68,7 +69,7 @@ def main() -> None:
                 t_fast.append(results["fast"][0])
                 t_dtok.append(results["dtok"][0])
                 exact &= list(results["dtok"][1]) == results["ref"][1]
-                t_plan.append(timed(lambda: tok.chunker.cuts(doc))[0])
+                t_plan.append(timed(lambda: parts_of(tok).chunker.cuts(doc))[0])
             ex = tok.explain(docs[0])
             row = {
                 "tokenizer": name, "kind": kind, "chars": args.size,

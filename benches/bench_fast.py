@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dtok.chunking import split_at  # noqa: E402
 from dtok.testing import MECHANISMS  # noqa: E402
+from dtok.tokenizer import parts_of  # noqa: E402
 from common import (SHARED, balanced_order, balanced_period, documents, header,  # noqa: E402
                     machine, smaps, summary, write_json)
 
@@ -359,7 +360,8 @@ def run_pieces(name: str, repeats: int, pause_ms: float, sizes: list[int]) -> li
     path = SHARED / "tokenizers" / name
     one = dtok.Tokenizer.from_file(path, content_lookup=False, threads=1)
     chunked = one.with_knobs()
-    chunked.pieces.chunk_target = lambda text: chunked.chunker.target  # the rule before
+    chunked_parts = parts_of(chunked)
+    chunked_parts.chunk_encoder.chunk_target = lambda text: chunked_parts.chunker.target  # the rule before
     two = one.with_knobs(threads=2)
     auto = one.with_knobs(threads=None)  # dtok's default: split only where it pays
     encoders = {"dtok threads=1": lambda d: one.encode(d, add_special_tokens=False),
@@ -471,6 +473,7 @@ def run_breakdown(name: str, repeats: int) -> list[dict]:
 
     tok = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name, content_lookup=False, threads=1)
     fast = peers(SHARED / "tokenizers" / name, False)["fastokens"]
+    chunk_encoder = parts_of(tok).chunk_encoder
     rows = []
     for kind in KINDS:
         docs = documents(kind, 1_000_000, repeats)
@@ -480,13 +483,13 @@ def run_breakdown(name: str, repeats: int) -> list[dict]:
         for d0 in docs * 3:
             d, whole = (d0 + " ")[:-1], (d0 + " ")[:-1]  # fresh strings (no cached UTF-8)
             t = {}
-            t["plan"], cuts = timed(lambda: tok.pieces.stateless_cuts(d))
+            t["plan"], cuts = timed(lambda: chunk_encoder.stateless_cuts(d))
             t["slice"], pieces = timed(lambda: split_at(d, cuts))
-            t["route"], segs = timed(lambda: [tok.pieces.segments(p) for p in pieces])
+            t["route"], segs = timed(lambda: [chunk_encoder.stretches(p) for p in pieces])
             fast_texts = [p[a:b] for p, ss in zip(pieces, segs) for a, b, w in ss if w is None]
             ref_texts = [p[a:b] for p, ss in zip(pieces, segs) for a, b, w in ss if w is not None]
             t["fast encoder"], ids = timed(lambda: tok.encoder.encode_many(fast_texts))
-            t["reference"], rids = timed(lambda: tok.pieces.reference.encode_many(ref_texts)
+            t["reference"], rids = timed(lambda: chunk_encoder.reference.encode_many(ref_texts)
                                          if ref_texts else [])
             t["concat"], _ = timed(lambda: IdBuffer.concat(list(ids) + list(rids), (), ()))
             total = (d0 + " ")[:-1]

@@ -7,7 +7,7 @@
 fastokens keeps state across calls that makes words it has met cheaper (its segment cache off:
 docs/encoders.md, "gigatoken's memory"), so a benchmark that meets the same corpus words again
 and again measures Latin text at its cheapest, where dtok's default kept 1M characters in one
-piece on one thread until the 2026-12-06 bound (``dtok.pieces.AUTO_SPLIT_SAVING``; its memo is
+piece on one thread until the 2026-12-06 bound (``dtok.chunk_encoder.AUTO_SPLIT_SAVING``; its memo is
 kept per thread, benches/bench_split_stream.py measures a long-lived process). This measures
 ``threads=1`` against ``threads=2`` where every document is new to the process: each variant
 runs in a process of its own that encodes each document once (the two in alternating order,

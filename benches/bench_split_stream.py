@@ -43,6 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dtok.testing import MECHANISMS  # noqa: E402
+from dtok.tokenizer import parts_of  # noqa: E402
 from common import (LETTERS, SHARED, balanced_order, documents, header, machine,  # noqa: E402
                     permuted_letters, summary, transcript_windows, write_json)
 
@@ -50,7 +51,7 @@ VARIANTS = ["default", "before", "threads=1", "threads=2", "threads never renewe
             *(f"no {m}" for m in MECHANISMS)]
 KINDS = ["transcripts", "prose", "prose, new words", "code", "multilingual", "adversarial",
          "multilingual, 400K"]
-BOUND_BEFORE = 1_250_000  # dtok.pieces.AUTO_SPLIT_SAVING until 2026-12-06
+BOUND_BEFORE = 1_250_000  # dtok.chunk_encoder.AUTO_SPLIT_SAVING until 2026-12-06
 
 
 def stream(requests: int) -> list[tuple[str, str]]:
@@ -91,7 +92,7 @@ def child(variant: str, name: str, pause_s: float, requests: int) -> dict:
     tok = dtok.Tokenizer.from_file(SHARED / "tokenizers" / name, content_lookup=False,
                                    threads=threads, **renew)
     if variant == "before":
-        tok.pieces.split_saving = BOUND_BEFORE
+        parts_of(tok).chunk_encoder.split_saving = BOUND_BEFORE
     # every thread started (8.2M characters: split by every variant with two threads) and its
     # encoder's scratch grown, on words the stream lacks
     spare = documents("code", 8_200_000, 1)[0].translate(str.maketrans(LETTERS, LETTERS[::-1]))

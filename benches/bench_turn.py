@@ -59,7 +59,7 @@ with ``time.perf_counter`` wrappers around the pieces the session store calls: `
 (``common_prefix`` of the stored and the new text), ``plan`` (the rest of the continuation's
 plan: seams, grid cuts, slicing the texts to encode; for a repair, ``Planner.append``'s one pass
 less its encode: that and the check of the re-encoded old text and the anchors), ``encode``
-(``PieceEncoder.encode_texts``),
+(``ChunkEncoder.encode_texts``),
 ``assemble`` (the rest of ``execute``: checking the re-encoded old text against the stored IDs,
 the ID slices), ``anchors`` (``anchors_after``), ``splice`` (the new IDs into the session's
 buffer), ``result`` (the view / the kept list) and ``python`` (the call's total less all of
@@ -85,6 +85,7 @@ os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
 from common import SHARED, balanced_order, balanced_period, header, machine, summary, write_json  # noqa: E402
 
 import dtok  # noqa: E402
+from dtok.tokenizer import parts_of  # noqa: E402
 
 PAUSE_S = 0.020
 TOKTIER_KEYS = itertools.count(1)  # toktier's store lives as long as the process
@@ -464,11 +465,11 @@ class Stages:
 
         wrap(repair, "common_prefix", "compare")
         wrap(sessions, "common_prefix", "compare")  # the store compares before it plans
-        wrap(tok.planner, "plan", "plan", ("compare",))
-        wrap(tok.planner, "append", "plan", ("encode",))  # a repair's one pass
-        wrap(tok.pieces, "encode_texts", "encode")
+        wrap(parts_of(tok).planner, "plan", "plan", ("compare",))
+        wrap(parts_of(tok).planner, "append", "plan", ("encode",))  # a repair's one pass
+        wrap(parts_of(tok).chunk_encoder, "encode_texts", "encode")
         wrap(sessions, "execute", "assemble", ("encode",))
-        wrap(tok.planner, "anchors_after", "anchors")
+        wrap(parts_of(tok).planner, "anchors_after", "anchors")
         wrap(tok.sessions, "_splice", "splice")
         wrap(tok.sessions, "_result", "result")
 
@@ -570,7 +571,7 @@ def main() -> None:
     tok = dtok.Tokenizer.default() if args.tokenizer is None else dtok.Tokenizer.from_file(args.tokenizer)
     print(f"# dtok from {Path(dtok.__file__).parent}; tokenizer {args.tokenizer or 'bundled qwen3'}, encoder {tok.encoder.name}, "
           f"FASTOKENS_BPE_THREADS={os.environ.get('FASTOKENS_BPE_THREADS')}, dtok threads "
-          f"{tok.pieces.threads}", flush=True)
+          f"{parts_of(tok).chunk_encoder.threads}", flush=True)
     msgs = messages(args.max_message_chars)
     sources = {}
     for form in args.forms:

@@ -23,7 +23,7 @@ def chunk_count(n: int, chunk_target: int, max_chunks: int) -> int:
 
 
 def split_at(text: str, cuts: Sequence[int], start: int = 0, end: int | None = None) -> list[str]:
-    """``text[start:end]`` cut at ``cuts`` (increasing, inside the range): the pieces in order."""
+    """``text[start:end]`` cut at ``cuts`` (increasing, inside the range): the chunks in order."""
     bounds = [start, *cuts, len(text) if end is None else end]
     return [text[a:b] for a, b in zip(bounds, bounds[1:])]
 

@@ -1,7 +1,8 @@
-"""Chunk encoders: text of an admitted tokenizer -> int32 IDs, without post-processing.
+"""Body encoders: text of an admitted tokenizer -> int32 IDs, without post-processing.
 
-Every route that encodes a piece of text (chunked encode, session repair, pool workers) goes
-through a :class:`ChunkEncoder`. Two exist:
+Every stretch of text dtok encodes (on every route: chunked encode, session repair, pool
+workers) goes through a :class:`BodyEncoder`; :mod:`dtok.chunk_encoder` decides which. Three
+exist:
 
 * :class:`ReferenceEncoder`, the ``tokenizers`` library itself (``encode_batch_fast``: no offsets,
   the GIL released), its ID list copied once into an int32 buffer;
@@ -50,7 +51,9 @@ FASTOKENS_CACHE_VARS = ("FASTOKENS_INPUT_CACHE", "FASTOKENS_SEGMENT_CACHE")
 FASTOKENS_OWN_THREADS_MAX_CPUS = 2
 
 
-class ChunkEncoder(Protocol):
+class BodyEncoder(Protocol):
+    """What :mod:`dtok.chunk_encoder` asks of an encoder: body IDs, one text or several."""
+
     name: str
 
     def encode(self, text: str):

@@ -1,6 +1,6 @@
 """Guards for the fast encoder, derived from the reference by probing, per tokenizer file.
 
-A fast encoder is trusted with a piece of text only where it has been shown to agree with the
+A fast encoder is trusted with a stretch of text only where it has been shown to agree with the
 reference. At build time every code point (surrogates excepted) is encoded in several contexts by
 both; the code points where they ever disagree form the file's guard set, one bit in its class
 table (bit 7, which already holds the code points the reference's regex engine treats as
@@ -12,7 +12,7 @@ tokens, which both encoders match before anything else, so each probe is encoded
 inside one long text; a block whose flat ID arrays differ is compared probe by probe. The build
 also checks every vocabulary entry's text through both encoders (vocabulary, merges, pattern).
 
-**NFC (schema 2).** For a file whose normalizer is NFC, a piece of text NFC would change used to
+**NFC (schema 2).** For a file whose normalizer is NFC, a stretch of text NFC would change used to
 go to the reference in short stretches around each such spot. The build now also proves, by
 probing, that the fast encoder's own NFC gives the reference's result on every input made of
 non-guard characters; a table that records ``nfc.agrees`` lets such text go to the fast encoder

@@ -26,7 +26,7 @@ WORKER_RENEW_CHARS = 0
 KNOBS: dict[str, Any] = {
     # encoder threads for chunked encodes; None = the CPUs this process may use, at most
     # DEFAULT_THREADS_MAX, a text shared out among them only where the split pays
-    # (dtok.pieces.AUTO_SPLIT_SAVING)
+    # (dtok.chunk_encoder.AUTO_SPLIT_SAVING)
     "threads": None,
     # characters dtok's encoding threads take in all before fresh threads replace them: a
     # fast encoder's memo of the words a thread met ends with the thread (0: never renewed)

@@ -1,6 +1,6 @@
 """Loading a tokenizer file: the reference, its admission, the cut rules, and the fast encoders
-behind their guard tables (:mod:`dtok.guards`). What this makes is one :class:`Loaded` record,
-shared by every :meth:`dtok.Tokenizer.with_knobs` copy of a tokenizer."""
+behind their guard tables (:mod:`dtok.guards`). What this makes is one :class:`LoadedFile`
+record, shared by every :meth:`dtok.Tokenizer.with_knobs` copy of a tokenizer."""
 from __future__ import annotations
 
 import os
@@ -22,41 +22,43 @@ from dtok_ext.specials import SpecialMatcher
 if TYPE_CHECKING:  # the probes' module is imported when probes start
     from dtok.probes import ProbeJob
 
-__all__ = ["Lane", "Loaded", "FastParts", "Upgrade", "load", "fast_parts_from_cache",
-           "SECOND_WINS"]
+__all__ = ["GuardedEncoder", "LoadedFile", "FastParts", "Upgrade", "load", "fast_parts_from_cache",
+           "SPECIALIST_WINS"]
 
-# The second fast encoder takes a text class when its guard table measured it at most this
+# The specialist encoder takes a text class when its guard table measured it at most this
 # fraction of fastokens' time on that class (a margin over the measurement's noise).
-SECOND_WINS = 0.9
+SPECIALIST_WINS = 0.9
 
 
-class Lane(NamedTuple):
-    """A fast encoder with the file's cut rules carrying its own guard characters."""
+class GuardedEncoder(NamedTuple):
+    """A fast encoder with the file's cut rules carrying its own guard characters: a chunk's
+    stretches those rules let through are the encoder's, the rest go elsewhere."""
 
     encoder: Any
     rules: CutRules
     nfc_by_fast: bool  # its guard table proves its NFC equals the reference's
 
 
-class Loaded(NamedTuple):
-    """The parts loading a file made. ``fast``: the main fast encoder (None: the reference
-    encodes everything), guarded by ``rules``; ``second``: gigatoken's lane where it serves
-    ``second_classes`` of text (:func:`dtok.pieces.text_class`)."""
+class LoadedFile(NamedTuple):
+    """The parts loading a file made. ``fast``: the general fast encoder, of every text class
+    (None: the reference encodes everything), guarded by ``rules``; ``specialist``: gigatoken,
+    guarded, where it serves ``specialist_classes`` of text
+    (:func:`dtok.chunk_encoder.text_class`)."""
 
     files: TokenizerFiles  # without the JSON bytes (see Tokenizer.tokenizer_json)
     reference: Any  # tokenizers.Tokenizer
     admission: Admission
     rules: CutRules | None  # None: not admitted
     fast: Any  # FastEncoder | GigaEncoder | None
-    nfc_by_fast: bool  # the main encoder's guard table proves its NFC equals the reference's
-    second: Lane | None
-    second_classes: frozenset[str]
+    nfc_by_fast: bool  # the general encoder's guard table proves its NFC equals the reference's
+    specialist: GuardedEncoder | None
+    specialist_classes: frozenset[str]
     notes: tuple[str, ...]  # what was loaded and why (Tokenizer.stats()["notes"])
     # encode_special_tokens: the reference takes special-token strings as plain text; they are
-    # found by ``literal`` in pieces, whose stretches the fast encoders (which would match
-    # them) never get
+    # found by ``plain_specials`` in chunks, whose stretches the fast encoders (which would
+    # match them) never get
     encode_special_tokens: bool = False
-    literal: SpecialMatcher | None = None
+    plain_specials: SpecialMatcher | None = None
     # where no guard table covered the file: the background probes and what they bring
     upgrade: "Upgrade | None" = None
     # the SHA-256 its guard tables are keyed by (its own, or an equivalent known file's)
@@ -64,7 +66,7 @@ class Loaded(NamedTuple):
 
 
 def load(files: TokenizerFiles, encoder: str = "auto",
-         encode_special_tokens: bool = False, guard_probes: str = "background") -> Loaded:
+         encode_special_tokens: bool = False, guard_probes: str = "background") -> LoadedFile:
     """Load ``files``; ``encoder``, ``encode_special_tokens`` and ``guard_probes`` are the knobs
     of those names ("reference": no fast encoder is loaded; "fast": FastEncoderError unless
     one is; ``guard_probes="background"``: where no guard table covers the file, probe for one
@@ -101,18 +103,18 @@ def load(files: TokenizerFiles, encoder: str = "auto",
     elif encoder == "fast":
         raise FastEncoderError("encoder='fast' needs an admitted file: "
                                + "; ".join(admission.reasons))
-    literal = None
+    plain_specials = None
     if encode_special_tokens:
         # set only now: admission and the fast encoders' load checks compare with the
         # reference's default behaviour
         reference.encode_special_tokens = True
         if admission.admitted and admission.special_tokens:
-            literal = SpecialMatcher(admission.special_tokens)
+            plain_specials = SpecialMatcher(admission.special_tokens)
             notes.append(f"encode_special_tokens: {len(admission.special_tokens)} special-token "
                          "strings are plain text; stretches holding one go to the reference")
-    loaded = Loaded(files.released(), reference, admission, rules, fast.encoder,
-                    fast.nfc_by_fast, fast.second, fast.second_classes, tuple(notes),
-                    encode_special_tokens, literal, upgrade, table_sha)
+    loaded = LoadedFile(files.released(), reference, admission, rules, fast.encoder,
+                        fast.nfc_by_fast, fast.specialist, fast.specialist_classes,
+                        tuple(notes), encode_special_tokens, plain_specials, upgrade, table_sha)
     if upgrade is not None:
         upgrade.attach(loaded)
     _release_free_heap()
@@ -120,13 +122,13 @@ def load(files: TokenizerFiles, encoder: str = "auto",
 
 
 class FastParts(NamedTuple):
-    """The fast encoders of a file and the cut rules that guard the main one."""
+    """The fast encoders of a file and the cut rules that guard the general one."""
 
     encoder: Any  # FastEncoder | GigaEncoder | None
     rules: CutRules | None  # None: no fast encoder (the family's own rules serve)
     nfc_by_fast: bool
-    second: Lane | None
-    second_classes: frozenset[str]
+    specialist: GuardedEncoder | None
+    specialist_classes: frozenset[str]
 
 
 _NO_FAST = FastParts(None, None, False, None, frozenset())
@@ -134,7 +136,8 @@ _NO_FAST = FastParts(None, None, False, None, frozenset())
 
 class _RuleMaker:
     """The cut rules of an admitted file over a class table: the family's table, the
-    added-token matchers and the normalizer, read and built once for every lane of a load."""
+    added-token matchers and the normalizer, read and built once for every guarded encoder of a
+    load."""
 
     def __init__(self, admission: Admission, reference, encode_special_tokens: bool) -> None:
         if admission.family is None:  # only an admitted file (which has a family) has rules
@@ -142,9 +145,8 @@ class _RuleMaker:
         self.family = tables.load(admission.family)
         # with encode_special_tokens the reference matches only the added tokens not marked
         # special: those are the boundaries the cut rules know
-        literal_set = set(admission.special_tokens) if encode_special_tokens else set()
-        self.specials = SpecialMatcher([s for s in admission.added_tokens
-                                        if s not in literal_set])
+        plain = set(admission.special_tokens) if encode_special_tokens else set()
+        self.specials = SpecialMatcher([s for s in admission.added_tokens if s not in plain])
         self.declared = SpecialMatcher(list(admission.declared_tokens))
         self.normalize = reference.normalizer.normalize_str if admission.nfc else None
 
@@ -168,14 +170,14 @@ def _fast_parts(json_file: JsonFile, reference, admission: Admission, table_sha:
         return _NO_FAST
     nfc_by_fast = admission.nfc and guard.nfc_proven
     rules = maker.rules(guard, nfc_by_fast)
-    second: Lane | None = None
-    second_classes: frozenset[str] = frozenset()
+    specialist: GuardedEncoder | None = None
+    specialist_classes: frozenset[str] = frozenset()
     if giga is not None:
         nfc = admission.nfc and giga_guard.nfc_proven
-        second = Lane(giga, maker.rules(giga_guard, nfc), nfc)
-        second_classes = frozenset(
-            c for c, r in giga_guard.speed.get("ratio", {}).items() if r <= SECOND_WINS)
-    return FastParts(fast, rules, nfc_by_fast, second, second_classes)
+        specialist = GuardedEncoder(giga, maker.rules(giga_guard, nfc), nfc)
+        specialist_classes = frozenset(
+            c for c, r in giga_guard.speed.get("ratio", {}).items() if r <= SPECIALIST_WINS)
+    return FastParts(fast, rules, nfc_by_fast, specialist, specialist_classes)
 
 
 def _table_sha(files: TokenizerFiles, admission: Admission, notes: list[str]) -> str:
@@ -197,9 +199,9 @@ def _table_sha(files: TokenizerFiles, admission: Admission, notes: list[str]) ->
 
 class Upgrade:
     """A fast encoder that comes later: the background probes (:class:`dtok.probes.ProbeJob`)
-    for a file with no guard table, the piece encoders that take the fast encoder once they
-    are done (each :meth:`dtok.pieces.PieceEncoder.take_fast`), and whoever else asked to know
-    (:meth:`notify`: a pool, whose workers then take the table from the cache). A load that
+    for a file with no guard table, the chunk encoders that take the fast encoder once they
+    are done (each :meth:`dtok.chunk_encoder.ChunkEncoder.take_fast`), and whoever else asked to
+    know (:meth:`notify`: a pool, whose workers then take the table from the cache). A load that
     takes the fast encoder (``takes_fast``) starts the probes at once; a reference-only load
     starts them when someone asks."""
 
@@ -212,12 +214,12 @@ class Upgrade:
         self.done = False
         self.parts: FastParts | None = None  # once done, where the load takes the fast encoder
         self.notes: list[str] = []
-        self._loaded: Loaded | None = None
+        self._loaded: LoadedFile | None = None
         self._waiting: "weakref.WeakSet" = weakref.WeakSet()
         self._callbacks: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
-    def attach(self, loaded: Loaded) -> None:
+    def attach(self, loaded: LoadedFile) -> None:
         """The load is complete: probe now where it takes the fast encoder."""
         self._loaded = loaded
         if self.takes_fast:
@@ -251,14 +253,14 @@ class Upgrade:
                 return
         self._done(None)
 
-    def subscribe(self, pieces) -> None:
-        """``pieces`` takes the fast encoder when it comes (at once if it has come)."""
+    def subscribe(self, chunk_encoder) -> None:
+        """``chunk_encoder`` takes the fast encoder when it comes (at once if it has come)."""
         with self._lock:
             parts = self.parts
             if parts is None:
-                self._waiting.add(pieces)
+                self._waiting.add(chunk_encoder)
         if parts is not None:
-            pieces.take_fast(parts)
+            chunk_encoder.take_fast(parts)
 
     def notify(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` once the file's guard table is in the cache (at once if it is),
@@ -289,8 +291,8 @@ class Upgrade:
             waiting, callbacks = list(self._waiting), self._callbacks
             self._waiting.clear()
             self._callbacks = []
-        for pieces in waiting:
-            pieces.take_fast(parts)
+        for chunk_encoder in waiting:
+            chunk_encoder.take_fast(parts)
         for callback in callbacks:
             callback()
         _release_free_heap()
@@ -307,7 +309,7 @@ class Upgrade:
         return self.job.status()
 
 
-def fast_parts_from_cache(loaded: Loaded, table_sha: str | None = None
+def fast_parts_from_cache(loaded: LoadedFile, table_sha: str | None = None
                           ) -> tuple[FastParts | None, list[str]]:
     """The fast encoders of ``loaded`` behind the guard tables the cache holds now (written
     since the load by probes, by another process or by ``dtok guards``), with notes; (None,
@@ -375,7 +377,7 @@ def _load_giga(json_file: JsonFile, reference, admission: Admission, table_sha: 
         # (it reorders marks the reference does not), so the NFC check cannot protect it
         notes.append("gigatoken: not used (its NFC is not proven for this file)")
         return None, None
-    wins = sorted(c for c, r in guard.speed.get("ratio", {}).items() if r <= SECOND_WINS)
+    wins = sorted(c for c, r in guard.speed.get("ratio", {}).items() if r <= SPECIALIST_WINS)
     if fast_loaded and not guard.speed:
         notes.append("gigatoken: not loaded (no speed measurement in its guard table)")
         return None, None

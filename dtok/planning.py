@@ -1,8 +1,8 @@
 """What a pool asks of a tokenizer, and nothing more: a session turn's plan and the anchors after
-it, a long text cut into chunks, whether a plan's encoding fits a budget, and the pieces' IDs.
+it, a long text cut into chunks, whether a plan's encoding fits a budget, and the chunks' IDs.
 
 :class:`Planning` is the one door the pool (:mod:`dtok.pool`) and its workers go through; the
-tokenizer's planner, piece encoder and chunker stay behind it.
+tokenizer's planner, chunk encoder and chunker stay behind it.
 
 >>> import dtok
 >>> from dtok.repair import Anchors
@@ -22,7 +22,7 @@ from dtok.sessions import plan_fits
 if TYPE_CHECKING:
     from dtok.chunking import Chunker
     from dtok.loading import Upgrade
-    from dtok.pieces import PieceEncoder
+    from dtok.chunk_encoder import ChunkEncoder
     from dtok.repair import Anchors, Plan, Planner
 
 __all__ = ["Planning"]
@@ -32,11 +32,11 @@ class Planning:
     """A tokenizer's planning interface (``Tokenizer.planning``). It holds the tokenizer's own
     parts, not copies, so a method replaced on one of them in a test is the one used."""
 
-    __slots__ = ("_planner", "_pieces", "_chunker", "_upgrade")
+    __slots__ = ("_planner", "_chunk_encoder", "_chunker", "_upgrade")
 
-    def __init__(self, planner: "Planner", pieces: "PieceEncoder", chunker: "Chunker",
+    def __init__(self, planner: "Planner", chunk_encoder: "ChunkEncoder", chunker: "Chunker",
                  upgrade: "Upgrade | None" = None) -> None:
-        self._planner, self._pieces, self._chunker = planner, pieces, chunker
+        self._planner, self._chunk_encoder, self._chunker = planner, chunk_encoder, chunker
         self._upgrade = upgrade
 
     def when_guard_table(self, callback: Callable[[], None]) -> bool:
@@ -52,12 +52,12 @@ class Planning:
     @property
     def prefix(self) -> tuple[int, ...]:
         """IDs the post-processor puts before a text."""
-        return self._pieces.prefix
+        return self._chunk_encoder.prefix
 
     @property
     def suffix(self) -> tuple[int, ...]:
         """IDs the post-processor puts after a text."""
-        return self._pieces.suffix
+        return self._chunk_encoder.suffix
 
     def plan(self, old: str | None, anchors: "Anchors | None", text: str,
              edit_budget: int | None = None) -> "Plan":
@@ -75,8 +75,8 @@ class Planning:
 
     def fits(self, plan: "Plan", chars: int) -> bool:
         """Whether ``plan``'s encoding costs at most ``chars`` characters of encoding."""
-        return plan_fits(self._pieces, plan, chars)
+        return plan_fits(self._chunk_encoder, plan, chars)
 
     def encode_texts(self, texts: list[str]) -> list[list]:
         """Body IDs of each text, encoded independently (a plan's texts, a chunk)."""
-        return self._pieces.encode_texts(texts)
+        return self._chunk_encoder.encode_texts(texts)

@@ -206,11 +206,13 @@ def probe(path: str, sha256: str, say: Callable[[str], None], same_file: bool = 
 
 
 def _probe_unlocked(files, sha256: str, say: Callable[[str], None]) -> guards.GuardTable:
+    from dtok.admission import admit
     from dtok.encoders import FastEncoder, fastokens_version
-    from dtok.loading import load
+    from dtok.reference import load as load_reference
 
-    loaded = load(files, "reference", guard_probes="off")
-    a = loaded.admission
+    # the reference and its admission alone (not dtok.loading, which imports this module)
+    reference = load_reference(files.raw)
+    a = admit(files, files.outline(), reference)
     if not a.admitted:
         raise ValueError("not admitted: " + "; ".join(a.reasons))
     spec = files.outline()
@@ -220,8 +222,8 @@ def _probe_unlocked(files, sha256: str, say: Callable[[str], None]) -> guards.Gu
         pipeline = build_pipeline(spec, a.family, a.nfc, say)
     else:
         say(f"pipeline: {Path(pipeline.source).name}")
-    fast = FastEncoder(files.raw, loaded.reference)
-    return build_file(loaded.reference, fast, sha256, pipeline, say)
+    fast = FastEncoder(files.raw, reference)
+    return build_file(reference, fast, sha256, pipeline, say)
 
 
 # --- in the background ----------------------------------------------------------------------

@@ -432,10 +432,10 @@ class Planner:
     >>> import dtok
     >>> tok = dtok.Tokenizer.default()
     >>> old = "Hello there. " * 400
-    >>> first = tok.planner.plan(None, None, old)  # nothing stored: encode it all
-    >>> done = execute(first, tok.pieces.encode_texts, None)
-    >>> anchors = tok.planner.anchors_after(first, done.resolved, done.counts, None)
-    >>> tok.planner.plan(old, anchors, old + "More text").kind
+    >>> first = tok.planning.plan(None, None, old)  # nothing stored: encode it all
+    >>> done = execute(first, tok.planning.encode_texts, None)
+    >>> anchors = tok.planning.anchors_after(first, done.resolved, done.counts, None)
+    >>> tok.planning.plan(old, anchors, old + "More text").kind
     'append'
     """
 

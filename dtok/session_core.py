@@ -191,18 +191,18 @@ class KeptLists:
 
     def note(self, keep: int) -> None:
         """A request left ``keep`` leading IDs of the session as they were."""
-        for add_special in self._lists:
-            self._keep[add_special] = min(self._keep.get(add_special, keep), keep)
+        for add_special_tokens in self._lists:
+            self._keep[add_special_tokens] = min(self._keep.get(add_special_tokens, keep), keep)
 
-    def get(self, add_special: bool, view: memoryview, n_prefix: int) -> list:
-        """The list for ``add_special``, brought to ``view`` (after :meth:`note`). Releases the
-        view."""
-        lst = self._lists.get(add_special)
+    def get(self, add_special_tokens: bool, view: memoryview, n_prefix: int) -> list:
+        """The list for ``add_special_tokens``, brought to ``view`` (after :meth:`note`).
+        Releases the view."""
+        lst = self._lists.get(add_special_tokens)
         if lst is None:
-            lst = self._lists[add_special] = IdList()
-        keep = self._keep.pop(add_special, 0)
+            lst = self._lists[add_special_tokens] = IdList()
+        keep = self._keep.pop(add_special_tokens, 0)
         try:
-            return lst.update(view, keep if add_special else max(0, keep - n_prefix))
+            return lst.update(view, keep if add_special_tokens else max(0, keep - n_prefix))
         finally:
             view.release()
 

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Hashable
 
 from dtok import testing
-from dtok.pieces import affixed_view
+from dtok.chunk_encoder import affixed_view
 from dtok.repair import Anchors, Plan, Planner, execute
 from dtok_ext.align import common_prefix
 # scoped_key: the pool imports it from here too
@@ -36,7 +36,7 @@ from dtok.session_core import (IN_PLACE, LOOKUP_MIN_CHARS, ROUTE_COUNTERS, SPARE
 from dtok_ext.buffers import IdBuffer
 
 if TYPE_CHECKING:
-    from dtok.pieces import PieceEncoder
+    from dtok.chunk_encoder import ChunkEncoder
 
 # A request with a budget (``max_chars``) plans with at most this many characters of alignment
 # work per character of its budget: comparing texts costs far less a character than encoding
@@ -54,10 +54,10 @@ def alignment_budget(chars: int) -> int:
     return chars * ALIGNMENT_PER_BUDGET_CHAR
 
 
-def plan_fits(pieces: PieceEncoder, plan: Plan, chars: int) -> bool:
+def plan_fits(pieces: ChunkEncoder, plan: Plan, chars: int) -> bool:
     """Whether a plan's encoding costs at most an answer's budget of ``chars`` characters
-    (:meth:`PieceEncoder.work`)."""
-    return pieces.work(plan.encode_chars) <= chars
+    (:meth:`ChunkEncoder.encoding_cost`)."""
+    return pieces.encoding_cost(plan.encode_chars) <= chars
 
 
 class Entry(SessionState):
@@ -84,7 +84,7 @@ class SessionStore:
     returns.
     """
 
-    def __init__(self, pieces: "PieceEncoder", planner: Planner, *, max_sessions: int,
+    def __init__(self, pieces: "ChunkEncoder", planner: Planner, *, max_sessions: int,
                  session_bytes: int, lookup_entries: int, content_lookup: bool,
                  whole_below: int = 0) -> None:
         self._pieces = pieces
@@ -161,8 +161,9 @@ class SessionStore:
                      ) -> memoryview | list | None:
         """The IDs of ``text`` continued from the session ``key`` (a view, or with ``as_list`` a
         list kept up to date in O(changed IDs): :class:`~dtok_ext.buffers.IdList`).
-        ``max_chars``: only if that costs at most this much encoding (:meth:`PieceEncoder.work`)
-        and the session is not busy with another request; else None, and nothing changed."""
+        ``max_chars``: only if that costs at most this much encoding
+        (:meth:`ChunkEncoder.encoding_cost`) and the session is not busy with another request;
+        else None, and nothing changed."""
         # a stored session is found without the store's lock (one dict read); one evicted
         # meanwhile is served and not accounted, as when eviction comes after this read
         entry = self._keyed.get(key)
@@ -170,7 +171,7 @@ class SessionStore:
             with self._lock:
                 entry = self._keyed.get(key)
                 if entry is None:
-                    if max_chars is not None and self._pieces.work(len(text)) > max_chars:
+                    if max_chars is not None and self._pieces.encoding_cost(len(text)) > max_chars:
                         return None  # a first turn: the whole text to encode
                     entry = Entry(key)
                     self._keyed[key] = entry
@@ -272,18 +273,19 @@ class SessionStore:
         stored text were reused. ``borrowed``: the entry's buffer belongs to a content-lookup
         entry that this one replaces only if it reuses most of it; otherwise the buffer is never
         spliced in place (the stored entry keeps its IDs). ``max_chars``: None, and the entry
-        untouched, where the plan would encode more than that (:meth:`PieceEncoder.work`)."""
+        untouched, where the plan would encode more than that
+        (:meth:`ChunkEncoder.encoding_cost`)."""
         old, prefix = entry.text, None
         if not borrowed and self._encodes_whole(old, text):
             # a short session: the stateless encode costs less than a continuation's work
-            if max_chars is not None and self._pieces.work(len(text)) > max_chars:
+            if max_chars is not None and self._pieces.encoding_cost(len(text)) > max_chars:
                 return None
             return self._encode_instead(entry, text, "full_encodes")
         if old is not None and len(old) < len(text):
             prefix = common_prefix(old, text)
             # a pure append (a session's usual turn) takes the one-pass route; its encoding is
             # the appended text and at most two seam scans of old text
-            if prefix == len(old) and (max_chars is None or self._pieces.work(
+            if prefix == len(old) and (max_chars is None or self._pieces.encoding_cost(
                     len(text) - prefix + 2 * self.planner.knobs.scan_budget) <= max_chars):
                 try:
                     reused = self._append(entry, text, borrowed)
@@ -294,7 +296,7 @@ class SessionStore:
                     return reused
         if max_chars is None:
             plan = self.planner.plan(old, entry.anchors, text, prefix=prefix)
-        elif old is None and self._pieces.work(len(text)) > max_chars:
+        elif old is None and self._pieces.encoding_cost(len(text)) > max_chars:
             return None  # nothing stored: the whole text to encode (not even planned)
         else:
             plan = self.planner.plan(old, entry.anchors, text,
@@ -399,14 +401,14 @@ class SessionStore:
         else:
             held.replace(buf.splice(keep, tail, suffix, headroom), keep)  # a caller holds buf
 
-    def _result(self, entry: Entry, add_special: bool, as_list: bool) -> memoryview | list:
+    def _result(self, entry: Entry, add_special_tokens: bool, as_list: bool) -> memoryview | list:
         """The entry's IDs for the caller: a view, or its kept list (caller holds its lock)."""
         b = self._pieces
-        view = affixed_view(entry.buffers.current, add_special, len(b.prefix), len(b.suffix))
+        view = affixed_view(entry.buffers.current, add_special_tokens, len(b.prefix), len(b.suffix))
         entry.lists.note(entry.unchanged)
         if not as_list:
             return view
-        return entry.lists.get(add_special, view, len(b.prefix))
+        return entry.lists.get(add_special_tokens, view, len(b.prefix))
 
     def _count(self, name: str, entry: Entry | None = None) -> None:
         with self._lock:

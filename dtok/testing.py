@@ -12,6 +12,10 @@ function for that hook with :func:`hooked`:
 >>> seen
 ['entry']
 
+A test or bench reads a tokenizer's private parts (its chunk encoder, planner, chunker, cut
+rules, loaded file) through :func:`dtok.tokenizer.parts_of`, never through its private
+attributes. This module imports nothing of dtok's: every module may import it.
+
 Benches switch dtok's scheduling mechanisms off the same way, one at a time, to measure what
 each is worth (:func:`switched_off`; benches/bench_split_stream.py ``--variants``,
 docs/benchmarks.md#scheduling-mechanisms-each-switched-off):
@@ -41,8 +45,8 @@ IN_PROCESS_ENCODE = "in_process_encode"
 ZYGOTE_CONFIG = "zygote_config"
 
 #: Scheduling mechanisms :func:`switched_off` turns off (those the ablation of 2026-12-07 kept;
-#: it removed long pieces of other text and text weights): a text's chunks shared among threads
-#: in contiguous runs, each thread routing its own (dtok.pieces; off: routed in the calling
+#: it removed long chunks of other text and text weights): a text's chunks shared among threads
+#: in contiguous runs, each thread routing its own (dtok.chunk_encoder; off: routed in the calling
 #: thread, then each encoder's calls shared out);
 OFF_RUNS = "runs of chunks"
 #: a pool thread's run taken a step (RUN_STEP_CHARS) at a time (off: whole);
@@ -56,6 +60,15 @@ OFF_AFFINITY = "CPU affinity"
 #: fastokens' own BPE threads, AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS, everywhere).
 OFF_TWO_BOUNDS = "two split bounds"
 MECHANISMS = (OFF_RUNS, OFF_STEPS, OFF_TWO_ENDS, OFF_AFFINITY, OFF_TWO_BOUNDS)
+
+#: Checks of exactness a test's control switches off with :func:`switched_off`, to show that
+#: the test sees what they prevent (dtok.chunk_encoder): cut-free stretches longer than
+#: LONGEST_FAST_STRETCH kept from the fast encoders (tests/test_memory.py);
+CHECK_LONG_STRETCHES = "long cut-free stretches"
+#: special-token strings that are plain text (encode_special_tokens) kept from the fast
+#: encoders, which would match them (tests/test_literal_specials.py).
+CHECK_PLAIN_SPECIALS = "plain special-token strings"
+CHECKS = (CHECK_LONG_STRETCHES, CHECK_PLAIN_SPECIALS)
 
 _installed: dict[str, Callable] = {}
 _off: set[str] = set()
@@ -81,16 +94,16 @@ def hooked(name: str, fn: Callable) -> Iterator[None]:
 
 
 def is_off(name: str) -> bool:
-    """Whether a bench switched the mechanism ``name`` off (one set lookup: dtok asks on every
-    call that schedules work)."""
+    """Whether a bench or test switched the mechanism or check ``name`` off (one set lookup:
+    dtok asks on every call that schedules work)."""
     return name in _off
 
 
 @contextmanager
 def switched_off(*names: str) -> Iterator[None]:
-    """Switch the scheduling mechanisms ``names`` off while the block runs (process-wide: every
-    tokenizer, every thread)."""
-    unknown = set(names) - set(MECHANISMS)
+    """Switch the scheduling mechanisms or checks ``names`` off while the block runs
+    (process-wide: every tokenizer, every thread)."""
+    unknown = set(names) - set(MECHANISMS) - set(CHECKS)
     if unknown:
         raise ValueError(f"no such mechanism: {sorted(unknown)}")
     added = set(names) - _off

@@ -2,25 +2,25 @@
 
 The parts it puts together follow the data flow: :mod:`dtok.loading` (the reference, admission,
 cut rules and fast encoders of a file), :mod:`dtok.knobs`, :mod:`dtok.chunking` (the stateless
-route's cuts), :mod:`dtok.pieces` (the encoder of pieces), :mod:`dtok.repair` (the continuation
-planner) and :mod:`dtok.sessions` (the session store).
+route's cuts), :mod:`dtok.chunk_encoder` (the encoder of chunks), :mod:`dtok.repair` (the
+continuation planner) and :mod:`dtok.sessions` (the session store).
 """
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Hashable, Sequence
+from typing import Any, Hashable, NamedTuple, Sequence
 
 from dtok.admission import Admission, TokenizerFiles, bundled_files, read_files
 from dtok.chunking import Chunker, split_at
 from dtok.knobs import KNOBS, validate
-from dtok.loading import Loaded, fast_parts_from_cache, load
-from dtok.pieces import PieceEncoder
+from dtok.loading import LoadedFile, fast_parts_from_cache, load
+from dtok.chunk_encoder import ChunkEncoder
 from dtok.planning import Planning
 from dtok.repair import PlanKnobs, Planner
 from dtok.sessions import LOOKUP_MIN_CHARS, SessionStore, scoped_key
 from dtok_ext.buffers import IdBuffer, ids_from_list
-from dtok_ext.cuts import VERDICT_AT_SPECIAL
+from dtok_ext.cuts import CutRules, VERDICT_AT_SPECIAL
 
 __all__ = ["Tokenizer", "KNOBS"]
 
@@ -61,25 +61,25 @@ class Tokenizer:
                             knobs["encoder"], knobs["encode_special_tokens"],
                             knobs["guard_probes"]), knobs)
 
-    def _assemble(self, loaded: Loaded, knobs: dict[str, Any]) -> None:
+    def _assemble(self, loaded: LoadedFile, knobs: dict[str, Any]) -> None:
         """The per-instance parts that the knobs decide, over the loaded ones."""
-        self.loaded = loaded
+        self._loaded = loaded
         self.knobs = knobs
         self.files = loaded.files  # without the JSON bytes (see tokenizer_json)
         self.reference = loaded.reference  # the real tokenizers.Tokenizer
         self.admission: Admission = loaded.admission
-        self.rules = loaded.rules  # dtok_ext.cuts.CutRules; None: not admitted
+        self._rules = loaded.rules  # dtok_ext.cuts.CutRules; None: not admitted
         self.encoder_notes = list(loaded.notes)
-        self.chunker = Chunker(self.rules, knobs)
-        self.pieces = PieceEncoder(loaded, knobs, self.chunker)
-        self.threads = self.pieces.threads
-        self.planner = Planner(
-            self.rules, PlanKnobs(knobs["scan_budget"][-1], knobs["anchor_spacing"],
-                                  knobs["edit_budget"]), self.pieces.stateless_cuts)
-        self.planning = Planning(self.planner, self.pieces, self.chunker,  # the pool's door
-                                 loaded.upgrade)
+        self._chunker = Chunker(self._rules, knobs)
+        self._chunk_encoder = ChunkEncoder(loaded, knobs, self._chunker)
+        self.threads = self._chunk_encoder.threads
+        self._planner = Planner(
+            self._rules, PlanKnobs(knobs["scan_budget"][-1], knobs["anchor_spacing"],
+                                  knobs["edit_budget"]), self._chunk_encoder.stateless_cuts)
+        self.planning = Planning(  # the pool's door
+            self._planner, self._chunk_encoder, self._chunker, loaded.upgrade)
         self.sessions = SessionStore(
-            self.pieces, self.planner, max_sessions=knobs["max_sessions"],
+            self._chunk_encoder, self._planner, max_sessions=knobs["max_sessions"],
             session_bytes=knobs["session_bytes"], lookup_entries=knobs["lookup_entries"],
             content_lookup=knobs["content_lookup"], whole_below=knobs["session_whole_below"])
 
@@ -98,15 +98,15 @@ class Tokenizer:
         """A tokenizer for the same file with other knobs and its own (empty) session state;
         the loaded reference and tables are shared, so this is cheap."""
         merged = validate({**self.knobs, **knobs})
-        if (merged["encoder"] != "reference" and self.loaded.fast is None
+        if (merged["encoder"] != "reference" and self._loaded.fast is None
                 and self.admission.admitted and self.knobs["encoder"] == "reference") \
-                or merged["encode_special_tokens"] != self.loaded.encode_special_tokens:
+                or merged["encode_special_tokens"] != self._loaded.encode_special_tokens:
             # the fast encoder was never loaded, or the reference's switch differs: load the
             # file again from the reference's JSON (same SHA-256 of the original bytes, so the
             # same guard table)
             return Tokenizer(self.files.with_raw(self.tokenizer_json()), **merged)
         clone = object.__new__(Tokenizer)
-        clone._assemble(self.loaded, merged)
+        clone._assemble(self._loaded, merged)
         return clone
 
     def tokenizer_json(self) -> bytes:
@@ -117,11 +117,11 @@ class Tokenizer:
     @property
     def encoder(self):
         """The encoder of admitted text (``.name``: "fastokens", "gigatoken" or "reference")."""
-        return self.pieces.main.encoder
+        return self._chunk_encoder.general.encoder
 
     def close(self) -> None:
         """Stop the encoder threads (they are also stopped when the tokenizer is collected)."""
-        self.pieces.close()
+        self._chunk_encoder.close()
 
     def __enter__(self) -> "Tokenizer":
         return self
@@ -160,8 +160,8 @@ class Tokenizer:
         >>> b = tok.encode(turn1 + "<|im_start|>assistant\\nHi!", session="chat-1")
         >>> list(b)[: len(a)] == list(a), tok.sessions.stats()["repairs"]
         (True, 1)
-        >>> literal = tok.with_knobs(encode_special_tokens=True)
-        >>> list(literal.encode("<|im_start|>user"))
+        >>> plain = tok.with_knobs(encode_special_tokens=True)
+        >>> list(plain.encode("<|im_start|>user"))
         [27, 91, 318, 4906, 91, 29, 872]
         """
         if self._straight_to_store(text, session, add_special_tokens, scope):
@@ -191,7 +191,7 @@ class Tokenizer:
         """A keyed turn of well-typed input on an admitted file, the call a server makes most:
         it goes straight to the session store (anything else through :meth:`_encode`)."""
         return session is not None and scope is None and type(text) is str \
-            and type(add_special_tokens) is bool and self.rules is not None
+            and type(add_special_tokens) is bool and self._rules is not None
 
     def try_encode_list(self, text: str, *, max_chars: int, session: Hashable | None = None,
                         add_special_tokens: bool = True, scope: Hashable | None = None
@@ -216,11 +216,11 @@ class Tokenizer:
     def _encode(self, text, session, add_special_tokens, as_list, scope=None, max_chars=None):
         """:meth:`encode` (``as_list``: :meth:`encode_list`); ``max_chars``: see
         :meth:`try_encode_list`."""
-        if type(text) is not str or type(add_special_tokens) is not bool or self.rules is None:
+        if type(text) is not str or type(add_special_tokens) is not bool or self._rules is None:
             if max_chars is not None:
                 return None  # the reference decides (and raises what it raises) in the caller's
                 # ordinary route
-            view = memoryview(self.pieces.encode_by_reference(text, add_special_tokens))
+            view = memoryview(self._chunk_encoder.encode_by_reference(text, add_special_tokens))
             return view.tolist() if as_list else view
         if session is not None:
             return self.sessions.encode_keyed(text, scoped_key(session, scope),
@@ -228,9 +228,9 @@ class Tokenizer:
         if self.sessions.content_lookup and len(text) >= LOOKUP_MIN_CHARS:
             return self.sessions.encode_lookup(text, add_special_tokens, as_list, scope,
                                                max_chars)
-        if max_chars is not None and self.pieces.work(len(text)) > max_chars:
+        if max_chars is not None and self._chunk_encoder.encoding_cost(len(text)) > max_chars:
             return None
-        view = self.pieces.encode_view(text, add_special_tokens)
+        view = self._chunk_encoder.encode_view(text, add_special_tokens)
         return view.tolist() if as_list else view
 
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True
@@ -241,7 +241,7 @@ class Tokenizer:
         >>> [list(v) for v in tok.encode_batch(["a b", "c"])]
         [[64, 293], [66]]
         """
-        if (self.rules is None or not isinstance(texts, (list, tuple))
+        if (self._rules is None or not isinstance(texts, (list, tuple))
                 or type(add_special_tokens) is not bool or any(type(t) is not str for t in texts)):
             # Not admitted, or pairs, odd sequences and bad items: the reference decides (and
             # raises its errors).
@@ -251,9 +251,9 @@ class Tokenizer:
         prefix, suffix = (a.prefix, a.suffix) if add_special_tokens else ((), ())
         out: list[memoryview | None] = [None] * len(texts)
         short = [i for i, t in enumerate(texts) if len(t) < self.knobs["chunk_threshold"]]
-        parts = self.pieces.encode_texts([texts[i] for i in short], batch=True)
-        for i, piece_parts in zip(short, parts):
-            out[i] = memoryview(IdBuffer.concat(piece_parts, prefix, suffix))
+        parts = self._chunk_encoder.encode_texts([texts[i] for i in short], batch=True)
+        for i, chunk_parts in zip(short, parts):
+            out[i] = memoryview(IdBuffer.concat(chunk_parts, prefix, suffix))
         for i, text in enumerate(texts):
             if out[i] is None:
                 out[i] = self.encode(text, add_special_tokens=add_special_tokens)
@@ -306,14 +306,15 @@ class Tokenizer:
             "encoder": self.encoder.name,
             "cuts": [],
         }
-        if self.loaded.upgrade is not None:
+        if self._loaded.upgrade is not None:
             info["probes"] = self.probes()
-        if self.pieces.second is not None:  # chunk_routes' "fast" is then either fast encoder
-            info["second_encoder"] = self.pieces.second.encoder.name
-            info["second_classes"] = sorted(self.pieces.second_classes)
+        specialist = self._chunk_encoder.specialist
+        if specialist is not None:  # chunk_routes' "fast" is then either fast encoder
+            info["second_encoder"] = specialist.encoder.name
+            info["second_classes"] = sorted(self._chunk_encoder.specialist_classes)
         if type(text) is not str:
             return {**info, "route": "reference", "why": "not a str: the reference decides"}
-        if self.rules is None:
+        if self._rules is None:
             return {**info, "route": "reference",
                     "why": "not admitted: " + "; ".join(self.admission.reasons)}
         if session is not None or self.sessions.content_lookup:
@@ -324,42 +325,43 @@ class Tokenizer:
             info.update(found)
         n = len(text)
         if n < self.knobs["chunk_threshold"]:
-            return {**info, "route": "whole", "chunk_routes": self.pieces.routes([text]),
+            return {**info, "route": "whole", "chunk_routes": self._chunk_encoder.routes([text]),
                     "why": f"{n} chars < chunk_threshold {self.knobs['chunk_threshold']}"}
-        k = self.pieces.chunk_count(text)
+        k = self._chunk_encoder.chunk_count(text)
         t0 = time.perf_counter()
-        cuts = self.chunker.cuts(text, k)
+        cuts = self._chunker.cuts(text, k)
         plan_ms = (time.perf_counter() - t0) * 1e3
         bounds = [0, *cuts, n]
         info.update(
             requested_chunks=k, cuts=cuts, plan_ms=round(plan_ms, 3),
             chunk_chars=[b - a for a, b in zip(bounds, bounds[1:])],
             cut_kinds=[("special-token boundary"
-                        if self.rules.is_safe(text, c) == VERDICT_AT_SPECIAL
+                        if self._rules.is_safe(text, c) == VERDICT_AT_SPECIAL
                         else "class transition") for c in cuts],
         )
         chunks = split_at(text, cuts)
-        info["chunk_routes"] = self.pieces.routes(chunks)
+        info["chunk_routes"] = self._chunk_encoder.routes(chunks)
         if not cuts:
             why = (f"one piece: {n} chars fit the chunk length aimed at" if k == 1
                    else "no safe cut within the scan budget")
             return {**info, "route": "whole", "why": why}
         routes = info["chunk_routes"]
         n_ref = sum(r != "fast" for r in routes)
-        why = f"{len(routes)} chunks on {self.pieces.split_threads(chunks)} thread(s)"
-        if self.encoder is not self.pieces.reference:
+        why = f"{len(routes)} chunks on {self._chunk_encoder.split_threads(chunks)} thread(s)"
+        if self.encoder is not self._chunk_encoder.reference:
             why += f", {n_ref} of them with stretches on the reference"
         return {**info, "route": "chunked", "why": why}
 
     def stats(self) -> dict[str, Any]:
-        """The encoder in use, why, and how many pieces each encoder took so far."""
-        second = self.pieces.second
-        upgrade = self.loaded.upgrade
+        """The encoder in use, why, and how many stretches each encoder took so far (the keys
+        ``*_pieces``)."""
+        specialist = self._chunk_encoder.specialist
+        upgrade = self._loaded.upgrade
         notes = self.encoder_notes + (upgrade.notes if upgrade is not None else [])
         return {"encoder": self.encoder.name, "notes": notes,
-                "second_encoder": second.encoder.name if second else None,
-                "second_classes": sorted(self.pieces.second_classes),
-                "probes": self.probes(), **self.pieces.counts()}
+                "second_encoder": specialist.encoder.name if specialist else None,
+                "second_classes": sorted(self._chunk_encoder.specialist_classes),
+                "probes": self.probes(), **self._chunk_encoder.counts()}
 
     def probes(self, wait: float | None = None) -> dict[str, Any]:
         """The guard probes of a file that no guard table covered at load (:mod:`dtok.probes`):
@@ -370,7 +372,7 @@ class Tokenizer:
         >>> Tokenizer.default().probes()
         {'state': 'none'}
         """
-        upgrade = self.loaded.upgrade
+        upgrade = self._loaded.upgrade
         if upgrade is None:
             return {"state": "none"}
         return upgrade.status(wait)
@@ -384,21 +386,44 @@ class Tokenizer:
         >>> Tokenizer.default().reload_guards()
         True
         """
-        if self.encoder is not self.pieces.reference:
+        if self.encoder is not self._chunk_encoder.reference:
             return True
         if self.knobs["encoder"] == "reference":
             return False
-        parts, notes = fast_parts_from_cache(self.loaded)
+        parts, notes = fast_parts_from_cache(self._loaded)
         if parts is None:
             return False
         self.encoder_notes += notes
-        self.pieces.take_fast(parts)
+        self._chunk_encoder.take_fast(parts)
         return True
 
     def __repr__(self) -> str:
         a = self.admission
         state = f"family={a.family}" if a.admitted else "not admitted"
         return f"<dtok.Tokenizer {self.files.path} {state} encoder={self.encoder.name}>"
+
+
+class TokenizerParts(NamedTuple):
+    """A tokenizer's private parts, for tests, benches and tools (:func:`parts_of`): the loaded
+    file, the load's cut rules (None: not admitted), the chunker, the chunk encoder and the
+    continuation planner. The objects the tokenizer uses, not copies."""
+
+    loaded: LoadedFile
+    rules: CutRules | None
+    chunker: Chunker
+    chunk_encoder: ChunkEncoder
+    planner: Planner
+
+
+def parts_of(tok: Tokenizer) -> TokenizerParts:
+    """The parts of ``tok``: the one door tests, benches and tools go through to reach inside a
+    tokenizer (production code asks through :attr:`Tokenizer.planning` and the public methods).
+
+    >>> parts = parts_of(Tokenizer.default())
+    >>> parts.rules is not None, parts.chunk_encoder.general.encoder.name != "reference"
+    (True, True)
+    """
+    return TokenizerParts(tok._loaded, tok._rules, tok._chunker, tok._chunk_encoder, tok._planner)
 
 
 def _id_list(ids: Any) -> Any:

@@ -7,7 +7,7 @@ A position is safe when no occurrence of any added-token string covers it, and e
 
 * it is a boundary of an added-token occurrence that the reference's leftmost-longest scan must
   select (an occurrence that starts at b, or ends at b and is not covered at its start); the
-  segments on both sides are then normalized and pre-tokenized separately by the reference; or
+  texts on both sides are then normalized and pre-tokenized separately by the reference; or
 * the characters at b-1 and b form an accepted class transition of the pre-tokenizer family, and,
   for NFC files, the normalizer provably splits at b (anchors a < b < c where it always splits,
   N(S[a:c]) == N(S[a:b]) + N(S[b:c])) and the transition still holds on the normalized characters.
@@ -246,7 +246,7 @@ cdef class CutRules:
             if limit != t.length or t.length - b > NFC_WINDOW:
                 return 0
             c = t.length  # the true end of the text
-        # The anchors must lie in the same added-token segment as b.
+        # The anchors must lie between the same added-token occurrences as b.
         if self._check_specials and self.specials.touches(t, a, c):
             return 0
         try:
@@ -366,7 +366,7 @@ cdef class CutRules:
                 prev = b
         return cuts
 
-    # Routing for the fast encoder: may a piece of text go to it, or must it go to the reference?
+    # Routing for the fast encoder: may a stretch of text go to it, or must it go to the reference?
 
     def route(self, str text not None, Py_ssize_t start=0, end=None, nfc=None, utf8=False):
         """(ROUTE_FAST, -1) when text[start:end] may go to the fast encoder; (ROUTE_GUARD, i) when
@@ -409,7 +409,7 @@ cdef class CutRules:
         return ROUTE_FAST, -1
 
     def guard_spans(self, str text not None, Py_ssize_t start=0, end=None):
-        """Runs [i, j) of guard characters in text[start:end]."""
+        """Ranges [i, j) of consecutive guard characters in text[start:end]."""
         cdef UText t = utext_of(text)
         cdef Py_ssize_t i, j, stop = t.length if end is None else end
         out = []
@@ -429,7 +429,7 @@ cdef class CutRules:
         return out
 
     def isolate(self, str text not None, spans, Py_ssize_t budget):
-        """Merged stretches [a, b) that contain the given spans and start and end at safe cuts
+        """Merged stretches [a, b) that contain the given ranges and start and end at safe cuts
         (or at the text's ends), found within `budget` characters on either side."""
         cdef Py_ssize_t n = len(text), a, b, last_end
         out = []

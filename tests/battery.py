@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from conftest import read_text
+from dtok.tokenizer import parts_of
 
 # Fragments that break naive cuts, each a reason a check exists.
 FRAGMENTS = [
@@ -116,7 +117,7 @@ def _encode_all(ref, texts: list[str]) -> list[list[int]]:
 
 def check_cuts(tok, texts: list[str], stop_after: int | None = None) -> list[Difference]:
     """Every accepted cut of every text: encode(S[:b]) + encode(S[b:]) == encode(S)."""
-    ref, rules = tok.reference, tok.rules
+    ref, rules = tok.reference, parts_of(tok).rules
     diffs = []
     for text in texts:
         if stop_after is not None and len(diffs) >= stop_after:
@@ -136,7 +137,7 @@ def check_cuts(tok, texts: list[str], stop_after: int | None = None) -> list[Dif
 def check_repairs(tok, texts: list[str], per_text: int = 3, seed: int = 1,
                   stop_after: int | None = None) -> list[Difference]:
     """For old = S[:old_len]: every cut accepted for repair is safe in both old and S."""
-    ref, rules = tok.reference, tok.rules
+    ref, rules = tok.reference, parts_of(tok).rules
     rng = random.Random(seed)
     diffs = []
     for text in texts:
@@ -167,7 +168,7 @@ def check_repairs(tok, texts: list[str], per_text: int = 3, seed: int = 1,
 @contextmanager
 def checks_disabled(tok, *, nfc: bool = False, specials: bool = False):
     """The private hook of the control: switch a safety check off, for the block only."""
-    rules = tok.rules
+    rules = parts_of(tok).rules
     saved = rules._check_nfc, rules._check_specials
     rules._check_nfc = not nfc and saved[0]
     rules._check_specials = not specials and saved[1]

@@ -6,6 +6,7 @@ import hashlib
 import pytest
 
 import dtok
+from dtok.tokenizer import parts_of
 from conftest import (FAMILY_OF, MAIN_FILES, OTHER_FILES, load_tokenizer, read_text, ref_ids,
                       shared_path)
 
@@ -26,7 +27,7 @@ def test_main_files_are_admitted(name):
     assert a.admitted and a.family == FAMILY_OF[name]
     assert a.sha256 == hashlib.sha256(shared_path("tokenizers", name, "tokenizer.json")
                                       .read_bytes()).hexdigest()
-    assert tok.rules is not None
+    assert parts_of(tok).rules is not None
 
 
 def test_admission_details():
@@ -41,7 +42,7 @@ def test_admission_details():
 def test_small_files_are_not_admitted_and_still_exact(name):
     tok = load_tokenizer(name, chunk_threshold=1000, chunk_target=200)
     a = tok.admission
-    assert not a.admitted and tok.rules is None
+    assert not a.admitted and parts_of(tok).rules is None
     joined = " ".join(a.reasons)
     for word in NOT_ADMITTED_BECAUSE[name]:
         assert word in joined, (word, a.reasons)
@@ -142,11 +143,11 @@ def test_tokens_declared_only_by_the_config_keep_cuts_away(tmp_path):
               if any(s < b < s + len(marker) for s in range(len(text)) if text.startswith(marker, s))]
     declared = dtok.Tokenizer(tmp_path, guard_probes="off")
     assert declared.admission.declared_tokens == (marker,)
-    assert all(declared.rules.is_safe(text, b) == VERDICT_NOT_SAFE for b in inside)
+    assert all(parts_of(declared).rules.is_safe(text, b) == VERDICT_NOT_SAFE for b in inside)
     (tmp_path / "tokenizer_config.json").unlink()
     plain = dtok.Tokenizer(tmp_path, guard_probes="off")
     assert plain.admission.declared_tokens == ()
-    assert any(plain.rules.is_safe(text, b) != VERDICT_NOT_SAFE for b in inside)
+    assert any(parts_of(plain).rules.is_safe(text, b) != VERDICT_NOT_SAFE for b in inside)
     assert list(declared.encode(text * 100)) == declared.reference.encode(text * 100).ids
 
 

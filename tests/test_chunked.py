@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import load_tokenizer, read_text, ref_ids, tokenizer_path
+from dtok.tokenizer import parts_of
 
 LONG = {
     "prose": lambda: read_text("prose", "gutenberg-2701_moby-dick.txt")[:400_000],
@@ -53,10 +54,10 @@ def test_explain_reports_plan():
 @pytest.mark.parametrize("name", ["llama3", "gpt-oss"])
 def test_fast_encoder_gets_latin_text_in_one_piece_per_thread(name, threads):
     """On a fast encoder Latin text is cut into one piece per encoding thread, no piece over
-    LONGEST_FAST_PIECE; other text in chunks of chunk_target on every file (until the ablation
+    LONGEST_FAST_CHUNK; other text in chunks of chunk_target on every file (until the ablation
     of 2026-12-07, long pieces on files whose guard table measured fastokens faster on it
     whole: docs/benchmarks.md#scheduling-mechanisms-each-switched-off)."""
-    from dtok.pieces import LONGEST_FAST_PIECE
+    from dtok.chunk_encoder import LONGEST_FAST_CHUNK
 
     path = tokenizer_path(name)
     if path.name != name:
@@ -69,7 +70,7 @@ def test_fast_encoder_gets_latin_text_in_one_piece_per_thread(name, threads):
     assert ex["requested_chunks"] == threads and len(ex["cuts"]) == threads - 1, ex["why"]
     assert ex["route"] == ("whole" if threads == 1 else "chunked")
     longer = prose * 3
-    k = -(-len(longer) // LONGEST_FAST_PIECE)
+    k = -(-len(longer) // LONGEST_FAST_CHUNK)
     assert tok.explain(longer)["requested_chunks"] == max(k, threads)
     other = read_text("multilingual", "udhr_all-languages_concatenated.txt")[:1_000_000]
     assert tok.explain(other)["requested_chunks"] == 16
@@ -121,23 +122,23 @@ def test_each_thread_routes_its_own_run_of_chunks(name, monkeypatch):
     text = "".join(many[i * 50_000 : (i + 1) * 50_000] + naughty for i in range(4))
     tok = load_tokenizer(name, threads=3, chunk_target=16384)
     assert len(tok.explain(text)["cuts"]) >= 3
-    pieces = tok.pieces
+    chunk_encoder = parts_of(tok).chunk_encoder
     routed_by = set()
-    encode_routed = pieces._encode_routed
+    encode_routed = chunk_encoder._encode_routed
 
     def traced(*args, **kwargs):
         routed_by.add(threading.get_ident())
         return encode_routed(*args, **kwargs)
 
     stretches_by = set()
-    encode_stretches = pieces.reference.encode_stretches
+    encode_stretches = chunk_encoder.reference.encode_stretches
 
     def traced_stretches(texts):
         stretches_by.add(threading.get_ident())
         return encode_stretches(texts)
 
-    monkeypatch.setattr(pieces, "_encode_routed", traced)
-    monkeypatch.setattr(pieces.reference, "encode_stretches", traced_stretches)
+    monkeypatch.setattr(chunk_encoder, "_encode_routed", traced)
+    monkeypatch.setattr(chunk_encoder.reference, "encode_stretches", traced_stretches)
     # each run taken whole: with the steps, which thread takes a run's later chunks is a
     # matter of timing (tests/test_fast.py checks the steps)
     with testing.switched_off(testing.OFF_STEPS):

@@ -10,6 +10,7 @@ import pytest
 
 import dtok
 from dtok import testing
+from dtok.tokenizer import parts_of
 from battery import FRAGMENTS, token_fragments
 from conftest import MAIN_FILES, load_tokenizer, read_text, ref_ids, ref_ids_many
 from dtok.admission import bundled_files
@@ -130,12 +131,12 @@ def test_control_without_seam_check_on_new_text(name):
     """The control: a seam that is a cut of the old text but not checked on the new one (private
     hook) must produce wrong IDs somewhere in the same fuzz."""
     tok = load_tokenizer(name)
-    tok.rules._check_new_text = False
+    parts_of(tok).rules._check_new_text = False
     try:
         # 48 trials: under the tiny test vocabularies a wrong seam changes the IDs less often
         diffs, n, _ = _fuzz(tok, trials=48, seed=5, spacing=64)
     finally:
-        tok.rules._check_new_text = True
+        parts_of(tok).rules._check_new_text = True
     assert diffs >= 3, f"the fuzz cannot see a seam unchecked on the new text ({diffs} of {n})"
 
 
@@ -264,7 +265,7 @@ def test_repair_falls_back_like_the_stateless_route(monkeypatch):
     def broken(texts):
         raise RuntimeError("encoder failed")
 
-    monkeypatch.setattr(tok.pieces, "encode_texts", broken)
+    monkeypatch.setattr(parts_of(tok).chunk_encoder, "encode_texts", broken)
     more = text + " and a turn"
     assert list(tok.encode(more, session="f")) == ref_ids(tok, more)
     edited = text[:4000] + text[4100:] + " x"

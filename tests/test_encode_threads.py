@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from dtok import encode_threads
+from dtok.tokenizer import parts_of
 from dtok.encode_threads import EncodeThreads
 from dtok_ext import cpus
 
@@ -166,11 +167,11 @@ def test_default_threads_leave_a_many_core_host_to_the_engine(monkeypatch):
     """``threads=None`` takes the usable CPUs up to ``DEFAULT_THREADS_MAX`` (each encoding
     thread holds fastokens' per-thread state); an explicit number is taken as given."""
     import dtok
-    from dtok import pieces
+    from dtok import chunk_encoder
     from dtok.knobs import DEFAULT_THREADS_MAX
 
     tok = dtok.Tokenizer.default(guard_probes="off")
     for cpus, want in ((1, 1), (2, 2), (64, DEFAULT_THREADS_MAX)):
-        monkeypatch.setattr(pieces, "available_cpus", lambda: cpus)
-        assert tok.with_knobs().pieces.threads == want
-    assert tok.with_knobs(threads=16).pieces.threads == 16
+        monkeypatch.setattr(chunk_encoder, "available_cpus", lambda: cpus)
+        assert parts_of(tok.with_knobs()).chunk_encoder.threads == want
+    assert parts_of(tok.with_knobs(threads=16)).chunk_encoder.threads == 16

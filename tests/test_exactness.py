@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from battery import (FRAGMENTS, battery_texts, check_cuts, check_repairs, checks_disabled,
                      token_fragments)
 from conftest import load_tokenizer, ref_ids, shared_path
+from dtok.tokenizer import parts_of
 from dtok_ext.cuts import VERDICT_AT_SPECIAL, VERDICT_TRANSITION
 
 
@@ -29,7 +30,7 @@ def test_every_repair_cut_is_exact(battery_tok):
 def test_battery_reaches_cuts(battery_tok):
     """The battery is not vacuous: it checks many accepted cuts, of both kinds."""
     texts = battery_texts(battery_tok)
-    kinds = [battery_tok.rules.is_safe(t, b) for t in texts for b in range(1, len(t))]
+    kinds = [parts_of(battery_tok).rules.is_safe(t, b) for t in texts for b in range(1, len(t))]
     assert kinds.count(VERDICT_TRANSITION) > 2000
     assert kinds.count(VERDICT_AT_SPECIAL) > 100  # at added-token boundaries
 

@@ -12,6 +12,7 @@ from contextlib import nullcontext
 import pytest
 
 import dtok
+from dtok.tokenizer import parts_of
 from conftest import (FAMILY_OF as FAMILY, MAIN_FILES, ROOT, load_tokenizer, read_text, ref_ids,
                       ref_ids_many, shared_path, tokenizer_path)
 from dtok import guards
@@ -34,16 +35,17 @@ def fast_tok(name: str, **knobs) -> dtok.Tokenizer:
 
 
 def fastokens_alone(name: str, **knobs) -> dtok.Tokenizer:
-    """A fresh clone of :func:`fast_tok` with no second lane: fastokens takes every piece its
+    """A fresh clone of :func:`fast_tok` with no specialist: fastokens takes every chunk its
     guards allow, as on the real files these tests name (gigatoken's tables measured it no
     faster there). Without ../shared, a real file's small stand-in (``llama3-tiny`` for
     ``llama3``: tests/conftest.py) may load one (its gigatoken table measured gigatoken
     faster on Latin text): the clone then drops it, and runs on the stand-in's own fastokens
     and guard table."""
     tok = fast_tok(name, **knobs).with_knobs()
-    if tok.pieces.second is not None and tokenizer_path(name).name != name:  # a stand-in
-        tok.pieces.second, tok.pieces.second_classes = None, frozenset()
-    assert tok.pieces.second is None, tok.stats()
+    encoder = parts_of(tok).chunk_encoder
+    if encoder.specialist is not None and tokenizer_path(name).name != name:  # a stand-in
+        encoder.specialist, encoder.specialist_classes = None, frozenset()
+    assert encoder.specialist is None, tok.stats()
     return tok
 
 
@@ -104,7 +106,8 @@ def test_real_text_differential(name):
 def nfc_checked(tok: dtok.Tokenizer) -> dtok.Tokenizer:
     """The same tokenizer without the NFC proof: text NFC would change goes to the reference."""
     clone = tok.with_knobs()
-    clone.pieces.main = clone.pieces.main._replace(nfc_by_fast=False)
+    encoder = parts_of(clone).chunk_encoder
+    encoder.general = encoder.general._replace(nfc_by_fast=False)
     return clone
 
 
@@ -184,9 +187,9 @@ def test_probe_disagreement_becomes_a_guard():
     table = guards.guarded_table(dtok.tables.load("o200k").table, fake)
     from dtok_ext.cuts import CutRules
 
-    rules = CutRules(table, dtok.tables.load("o200k").accept, tok.rules.specials, None)
+    rules = CutRules(table, dtok.tables.load("o200k").accept, parts_of(tok).rules.specials, None)
     assert rules.route("plain q text") == (1, 6)
-    assert tok.rules.route("plain q text") == (0, -1)
+    assert parts_of(tok).rules.route("plain q text") == (0, -1)
 
 
 def test_probe_finds_no_disagreement_on_a_sample():
@@ -266,11 +269,12 @@ def test_unstable_windows_match_per_window_normalization():
     rng = random.Random(1)
     for _ in range(2000):
         s = "".join(rng.choice(frag) for _ in range(rng.randint(1, 12)))
-        want = [(a, c) for a, c in tok.rules.nfc_windows(s) if normalize(s[a:c]) != s[a:c]]
-        assert tok.rules.unstable_windows(s) == want, s
-        assert tok.pieces.unstable(s) == want
-    assert tok.rules.unstable_windows("a\ufdd0b\u0301") is None  # holds the separator
-    assert tok.pieces.unstable("a\ufdd0e\u0301\u0958") == [(2, 5)]  # by bisection
+        windows = parts_of(tok).rules.nfc_windows(s)
+        want = [(a, c) for a, c in windows if normalize(s[a:c]) != s[a:c]]
+        assert parts_of(tok).rules.unstable_windows(s) == want, s
+        assert parts_of(tok).chunk_encoder.unstable(s) == want
+    assert parts_of(tok).rules.unstable_windows("a\ufdd0b\u0301") is None  # holds the separator
+    assert parts_of(tok).chunk_encoder.unstable("a\ufdd0e\u0301\u0958") == [(2, 5)]  # by bisection
 
 
 # --- the NFC proof, its control, coalescing, parallel calls, memory ---------------------------
@@ -285,7 +289,8 @@ def test_nfc_proof_is_recorded_and_used():
     guard = guards.load(tok.admission.sha256, fastokens_version())
     assert guard.nfc_proven and guard.nfc["n_failures"] == 0
     assert guard.nfc["probes"]["pairs"] > 10_000_000 and guard.nfc["unprobed"]
-    assert tok.pieces.main.nfc_by_fast and "proven" in " ".join(tok.stats()["notes"])
+    assert parts_of(tok).chunk_encoder.general.nfc_by_fast
+    assert "proven" in " ".join(tok.stats()["notes"])
     texts = [read_text(*p) for p in NFD_TEXTS]
     texts.append("".join(texts))
     for text, want in zip(texts, ref_ids_many(tok, texts)):
@@ -295,7 +300,7 @@ def test_nfc_proof_is_recorded_and_used():
         assert tok.stats()["reference_pieces"] == before
     # a code point newer than the probes' sources is a guard character where the proof is used
     new = chr(guard.nfc["unprobed"][0][0])
-    assert tok.rules.route("ab" + new) == (1, 2)
+    assert parts_of(tok).rules.route("ab" + new) == (1, 2)
 
 
 def _fastokens_without_nfc(tok: dtok.Tokenizer) -> FastEncoder:
@@ -338,11 +343,13 @@ def test_control_forced_nfc_proof_finds_differences():
     wants = ref_ids_many(base, texts)
     wrong = _fastokens_without_nfc(base)
     forced = base.with_knobs()
-    forced.pieces.main = forced.pieces.main._replace(encoder=wrong, nfc_by_fast=True)
+    encoder = parts_of(forced).chunk_encoder
+    encoder.general = encoder.general._replace(encoder=wrong, nfc_by_fast=True)
     diffs = sum(list(forced.encode(t)) != w for t, w in zip(texts, wants))
     assert diffs >= 20, "the battery cannot see an unproven normalizer"
     checked = nfc_checked(forced)
-    checked.pieces.main = checked.pieces.main._replace(encoder=wrong)
+    encoder = parts_of(checked).chunk_encoder
+    encoder.general = encoder.general._replace(encoder=wrong)
     assert [list(checked.encode(t)) for t in texts] == wants
 
 
@@ -368,8 +375,8 @@ class _CallCounter:
 
 
 def _counted(tok: dtok.Tokenizer) -> dtok.Tokenizer:
-    p = tok.pieces
-    p.main = p.main._replace(encoder=_CallCounter(p.main.encoder))
+    p = parts_of(tok).chunk_encoder
+    p.general = p.general._replace(encoder=_CallCounter(p.general.encoder))
     p.reference = _CallCounter(p.reference)
     return tok
 
@@ -383,13 +390,14 @@ def test_thousands_of_spots_cost_few_calls(threads):
     nfd = "".join(prose[i:i + 150] + "e\u0301" for i in range(0, len(prose), 150))
     for name, text, proof in (("llama3", guarded, True), ("qwen3", nfd, False)):
         tok = _counted(fastokens_alone(name, threads=threads, content_lookup=False))
-        main = tok.pieces.main
-        tok.pieces.main = main._replace(nfc_by_fast=main.nfc_by_fast and proof)
+        encoder = parts_of(tok).chunk_encoder
+        general = encoder.general
+        encoder.general = general._replace(nfc_by_fast=general.nfc_by_fast and proof)
         spots = len(text) // 150
-        n_ref = sum(1 for seg in tok.pieces.segments(text) if seg[2] is not None)
+        n_ref = sum(1 for seg in encoder.stretches(text) if seg[2] is not None)
         assert n_ref > spots // 10, (name, n_ref)  # not merged into one: many short stretches
         assert list(tok.encode(text, add_special_tokens=False)) == ref_ids(tok, text, False)
-        assert tok.pieces.reference.calls <= threads and tok.encoder.calls <= threads, name
+        assert encoder.reference.calls <= threads and tok.encoder.calls <= threads, name
 
 
 def test_chunks_run_on_every_thread():
@@ -492,10 +500,10 @@ def test_route_scan_matches_a_plain_loop(name):
     import random
 
     tok = fast_tok(name)
-    rules = tok.rules
+    rules = parts_of(tok).rules
     table = guards.guarded_table(dtok.tables.load(FAMILY[name]).table,
                                  guards.load(tok.admission.sha256, fastokens_version()),
-                                 tok.pieces.main.nfc_by_fast)
+                                 parts_of(tok).chunk_encoder.general.nfc_by_fast)
 
     def plain(text, start, end, nfc):
         first_other = -1
@@ -544,7 +552,7 @@ def test_route_writing_utf8_answers_as_the_scan(name):
 
     if not available():
         pytest.skip("this interpreter's build or allocators decline to write UTF-8")
-    rules = fast_tok(name).rules
+    rules = parts_of(fast_tok(name)).rules
     n = MIN_CHARS + 37
     fast_seen = other_seen = 0
     for base in ("plain text, caf\u00e9 ", "\u201cquoted\u201d \u0101 ", "emoji \U0001f600 "):
@@ -587,11 +595,11 @@ def giga_table(tok: dtok.Tokenizer) -> guards.GuardTable:
 
 def with_giga(tok: dtok.Tokenizer, classes=("latin", "other"), guarded: bool = True,
               renew_chars: int | None = None) -> dtok.Tokenizer:
-    """A clone whose second lane is gigatoken, taking ``classes`` (all: every piece goes to it
+    """A clone whose specialist is gigatoken, taking ``classes`` (all: every chunk goes to it
     first). ``guarded=False`` is the control's private hook: gigatoken's guards switched off
     (no guard character at all, its NFC taken as proven), so it gets every piece whole."""
     from dtok.encoders import GigaEncoder
-    from dtok.loading import Lane
+    from dtok.loading import GuardedEncoder
     from dtok_ext.cuts import CutRules
 
     guard = giga_table(tok)
@@ -604,9 +612,11 @@ def with_giga(tok: dtok.Tokenizer, classes=("latin", "other"), guarded: bool = T
         nfc = True
     normalize = tok.reference.normalizer.normalize_str if tok.admission.nfc else None
     clone = tok.with_knobs()
-    clone.pieces.second = Lane(GigaEncoder(tok.tokenizer_json(), tok.reference, renew_chars),
-                         CutRules(table, fam.accept, tok.rules.specials, normalize), nfc)
-    clone.pieces.second_classes = frozenset(classes)
+    encoder = parts_of(clone).chunk_encoder
+    encoder.specialist = GuardedEncoder(
+        GigaEncoder(tok.tokenizer_json(), tok.reference, renew_chars),
+        CutRules(table, fam.accept, parts_of(tok).rules.specials, normalize), nfc)
+    encoder.specialist_classes = frozenset(classes)
     return clone
 
 
@@ -642,15 +652,16 @@ def test_gigatoken_guard_tables_ship(name):
     guard = giga_table(tok)
     assert guard.encoder == "gigatoken" and guard.checked["code_points"] > 1_100_000
     if not guard.speed:
-        assert tok.pieces.second is None and "no speed measurement" in " ".join(
-            tok.stats()["notes"])
+        assert parts_of(tok).chunk_encoder.specialist is None
+        assert "no speed measurement" in " ".join(tok.stats()["notes"])
         return
     assert guard.speed["ratio"].keys() == {"latin", "other"}
     if tok.admission.nfc:
         assert guard.nfc["probes"]["pairs"] > 10_000_000
     notes = " ".join(tok.stats()["notes"])
     assert "gigatoken" in notes
-    assert (tok.pieces.second is not None) == bool(tok.pieces.second_classes)
+    encoder = parts_of(tok).chunk_encoder
+    assert (encoder.specialist is not None) == bool(encoder.specialist_classes)
 
 
 @pytest.mark.parametrize("name", MAIN_FILES)
@@ -673,7 +684,8 @@ def test_gigatoken_lane_is_exact(name):
     assert list(tok.encode(texts[-1])) == ref_ids(tok, texts[-1])
     s = tok.stats()
     assert s["second_encoder"] == "gigatoken" and s["second_pieces"] > 50, s
-    if any(base.rules.route(chr(c), nfc=False) == (0, -1) for c in giga_table(base).disagree):
+    rules = parts_of(base).rules
+    if any(rules.route(chr(c), nfc=False) == (0, -1) for c in giga_table(base).disagree):
         assert s["fast_pieces"] > 0  # stretches gigatoken's guards sent to fastokens
 
 
@@ -700,7 +712,7 @@ def test_gigatoken_instance_is_renewed():
     _need_gigatoken()
     base = fast_tok("qwen3", content_lookup=False)
     tok = with_giga(base, renew_chars=100_000)
-    giga = tok.pieces.second.encoder
+    giga = parts_of(tok).chunk_encoder.specialist.encoder
     first = giga.native
     text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:300_000]
     for k in range(0, len(text), 30_000):
@@ -712,7 +724,7 @@ def test_gigatoken_instance_is_renewed():
 def test_text_class_of_real_text():
     """The router's text classes: prose and code (curly quotes and dashes included) are
     'latin', text in other scripts 'other'."""
-    from dtok.pieces import text_class
+    from dtok.chunk_encoder import text_class
 
     for kind, name in (("prose", "gutenberg-2701_moby-dick.txt"),
                        ("code", "go__fzf__src_pattern.go.txt")):
@@ -729,7 +741,7 @@ def test_cut_free_stretches_are_the_gaps_between_safe_cuts(name):
     real hard text with long single-class runs spliced in (checked against every safe cut)."""
     import random
 
-    rules = fast_tok(name).rules
+    rules = parts_of(fast_tok(name)).rules
     rng = random.Random(11)
     src = (read_text("adversarial", "blns_big-list-of-naughty-strings.txt")[:3000]
            + read_text("code", "go__fzf__src_pattern.go.txt")[:2000])
@@ -751,7 +763,7 @@ def test_long_cut_free_stretches_go_to_the_reference(name):
     """Stretches with no safe cut over LONGEST_FAST_STRETCH characters (huge single-class runs)
     are the reference's (see tests/test_memory.py for why); the rest of the text stays fast;
     the IDs are the reference's, through the stateless route, a session and a batch."""
-    from dtok.pieces import LONGEST_FAST_STRETCH
+    from dtok.chunk_encoder import LONGEST_FAST_STRETCH
 
     tok = fast_tok(name, content_lookup=False)
     prose = read_text("prose", "gutenberg-2701_moby-dick.txt")[:20_000]
@@ -763,7 +775,7 @@ def test_long_cut_free_stretches_go_to_the_reference(name):
         assert list(tok.encode(text)) == ref_ids(tok, text)
     assert [list(x) for x in tok.encode_batch(texts)] == ref_ids_many(tok, texts)
     ok = "a" * LONGEST_FAST_STRETCH  # at the bound: the fast encoder's
-    assert tok.pieces.routes([ok]) == ["fast"]
+    assert parts_of(tok).chunk_encoder.routes([ok]) == ["fast"]
     for text in (prose, prose + "b" * n, prose + "b" * n + prose):  # appends to a session
         assert list(tok.encode(text, session="long runs")) == ref_ids(tok, text)
 
@@ -774,14 +786,14 @@ def test_default_threads_share_a_text_only_where_the_split_pays(monkeypatch):
     on one, 1M go on two), or where fastokens has BPE threads of its own the bound measured
     beside them (1M characters of prose on one thread); an explicit ``threads`` is used as
     given. The IDs are the reference's either way."""
-    from dtok import pieces
+    from dtok import chunk_encoder
 
-    monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
+    monkeypatch.setattr(chunk_encoder, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
     monkeypatch.setenv("FASTOKENS_BPE_THREADS", "1")  # as dtok holds it there
     base = fast_tok("qwen3", content_lookup=False)
     auto, two = base.with_knobs(threads=None), base.with_knobs(threads=2)
-    assert auto.pieces.threads == two.pieces.threads == 2
-    assert auto.pieces.split_saving == pieces.AUTO_SPLIT_SAVING
+    assert parts_of(auto).chunk_encoder.threads == parts_of(two).chunk_encoder.threads == 2
+    assert parts_of(auto).chunk_encoder.split_saving == chunk_encoder.AUTO_SPLIT_SAVING
     prose = read_text("prose", "gutenberg-2701_moby-dick.txt")
     multi = read_text("multilingual", "udhr_all-languages_concatenated.txt")
     small, mid, large = prose[:800_000], prose[:1_000_000], (prose * 4)[:4_200_000]
@@ -801,7 +813,8 @@ def test_default_threads_share_a_text_only_where_the_split_pays(monkeypatch):
     # where fastokens shares a call among BPE threads of its own, the bound measured beside them
     monkeypatch.setenv("FASTOKENS_BPE_THREADS", "2")
     beside = base.with_knobs(threads=None)
-    assert beside.pieces.split_saving == pieces.AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS
+    assert parts_of(beside).chunk_encoder.split_saving \
+        == chunk_encoder.AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS
     assert beside.explain(mid)["route"] == "whole"
     # 1M of other text too (weighed 3x it was split there until 2026-12-07: the 16-core run had
     # such a split lose to fastokens' own threads, docs/benchmarks.md#on-16-cores)
@@ -814,7 +827,7 @@ def encode_recording_threads(monkeypatch, tok: dtok.Tokenizer, text: str
                              ) -> tuple[list[int], list[str]]:
     """``tok.encode(text)`` as a list, and the thread each fast-encoder call was made on."""
     seen: list[str] = []
-    encoder = tok.pieces.main.encoder
+    encoder = parts_of(tok).chunk_encoder.general.encoder
     many = encoder.encode_many
 
     def recording(texts):
@@ -834,9 +847,9 @@ def test_threads_take_runs_of_chunks_and_never_wait_for_one_that_did_not_start(m
     are the reference's each time."""
     from concurrent.futures import Future
 
-    from dtok import pieces
+    from dtok import chunk_encoder
 
-    monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
+    monkeypatch.setattr(chunk_encoder, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
     monkeypatch.setenv("FASTOKENS_BPE_THREADS", "1")  # as dtok holds it there
     base = fast_tok("qwen3", content_lookup=False)  # its other text in 64K chunks on any threads
     auto, two = base.with_knobs(threads=None), base.with_knobs(threads=2)
@@ -854,7 +867,7 @@ def test_threads_take_runs_of_chunks_and_never_wait_for_one_that_did_not_start(m
         ids, seen = encode_recording_threads(monkeypatch, tok, text)
         assert ids == want and len(set(seen)) == 2, seen
         with monkeypatch.context() as patch:
-            patch.setattr(tok.pieces, "_pool", lambda: NeverRuns())
+            patch.setattr(parts_of(tok).chunk_encoder, "_pool", lambda: NeverRuns())
             done: list = []
             caller = threading.Thread(target=lambda: done.append(
                 encode_recording_threads(monkeypatch, tok, text)), name="caller", daemon=True)
@@ -871,15 +884,15 @@ def test_the_caller_takes_the_rest_of_a_slow_pool_threads_run_from_the_back(monk
     and the calling thread, done with its own run, takes the rest from the back: it encodes
     most of the text instead of waiting. The control: with a step as long as the run (the run
     taken whole), the caller encodes only its own run. The IDs are the reference's each time."""
-    from dtok import pieces, testing
+    from dtok import chunk_encoder, testing
 
-    monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
+    monkeypatch.setattr(chunk_encoder, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
     tok = fast_tok("qwen3", content_lookup=False).with_knobs(threads=2)
     multi = read_text("multilingual", "udhr_all-languages_concatenated.txt")
     text = (multi * (1 + 1_000_000 // len(multi)))[:1_000_000]
     assert "16 chunks on 2 thread(s)," in tok.explain(text)["why"]
     want = ref_ids(tok, text)
-    routed = tok.pieces._encode_routed
+    routed = parts_of(tok).chunk_encoder._encode_routed
     caller = threading.current_thread()
     for whole, caller_takes_more in ((False, True), (True, False)):
         chunks = {"caller": 0, "pool": 0}
@@ -899,7 +912,7 @@ def test_the_caller_takes_the_rest_of_a_slow_pool_threads_run_from_the_back(monk
             return routed(texts, parallel, *rest)
 
         with monkeypatch.context() as patch:
-            patch.setattr(tok.pieces, "_encode_routed", slow_pool_thread)
+            patch.setattr(parts_of(tok).chunk_encoder, "_encode_routed", slow_pool_thread)
             with (testing.switched_off(testing.OFF_STEPS) if whole else nullcontext()):
                 assert list(tok.encode(text)) == want
         assert chunks["caller"] + chunks["pool"] == 16, chunks
@@ -911,18 +924,18 @@ def test_default_threads_do_not_split_a_piece_unevenly(monkeypatch):
     long: sharing them out puts nearly all the work on one thread, and with the threads left to
     dtok that split must pay as it is (not as an even split of the same work would, which here
     it does). An explicit ``threads`` still splits. The IDs are the reference's either way."""
-    from dtok import pieces
+    from dtok import chunk_encoder
 
-    monkeypatch.setattr(pieces, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
+    monkeypatch.setattr(chunk_encoder, "available_cpus", lambda: 2)  # a 2-core machine, whatever this is
     monkeypatch.setenv("FASTOKENS_BPE_THREADS", "1")  # as dtok holds it there
     base = fast_tok("qwen3", content_lookup=False)
     auto, two = base.with_knobs(threads=None), base.with_knobs(threads=2)
     prose = read_text("prose", "gutenberg-2701_moby-dick.txt")
     short, long = prose[:300], (prose * 2)[:1_000_000]
-    items = [(0, short), (1, long)]
-    assert auto.pieces.useful_threads(len(short) + len(long), 1) == 2  # an even split pays
-    assert auto.pieces._groups(items, True) == [items]
-    assert len(two.pieces._groups(items, True)) == 2
+    # an even split pays
+    assert parts_of(auto).chunk_encoder.useful_threads(len(short) + len(long), 1) == 2
+    assert parts_of(auto).chunk_encoder.split_threads([short, long]) == 1
+    assert parts_of(two).chunk_encoder.split_threads([short, long]) == 2
     text = short + "\u0378" + long[:700_000]  # U+0378: unassigned, a guard
     for tok, calls in ((auto, 1), (two, 2)):  # fast-encoder calls: one per thread used
         ids, seen = encode_recording_threads(monkeypatch, tok, text)

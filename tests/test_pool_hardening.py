@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import dtok
+from dtok.tokenizer import parts_of
 from conftest import ROOT, load_tokenizer, read_text, ref_ids, ref_ids_many, shared_path
 from dtok import testing
 from dtok.admission import TokenizerFiles
@@ -116,13 +117,13 @@ def test_encode_async_plans_off_the_event_loop_in_order():
     text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:60_000]
     with Pool(tok, workers=1, name="offloop") as pool:
         planned = []
-        plan = pool.tokenizer.planner.plan
+        plan = parts_of(pool.tokenizer).planner.plan
 
         def spy(old, anchors, new, edit_budget=None):
             planned.append((threading.get_ident(), len(new), edit_budget))
             return plan(old, anchors, new, edit_budget)
 
-        pool.tokenizer.planner.plan = spy  # a seam: which thread plans, and in which order
+        parts_of(pool.tokenizer).planner.plan = spy  # a seam: which thread plans, and in which order
 
         async def main():
             turns = [text[: 40_000 + 1000 * i] for i in range(6)]
@@ -148,13 +149,13 @@ def test_a_sessions_next_turn_is_planned_on_the_loop():
     text = read_text("prose", "gutenberg-2701_moby-dick.txt")[:120_000]
     with Pool(tok, workers=1, name="onloop") as pool:
         threads = []
-        plan = pool.tokenizer.planner.plan
+        plan = parts_of(pool.tokenizer).planner.plan
 
         def spy(*args, **kwargs):
             threads.append(threading.get_ident())
             return plan(*args, **kwargs)
 
-        pool.tokenizer.planner.plan = spy
+        parts_of(pool.tokenizer).planner.plan = spy
 
         async def main():
             out = []

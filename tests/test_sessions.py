@@ -8,6 +8,7 @@ import threading
 import pytest
 
 import dtok
+from dtok.tokenizer import parts_of
 from conftest import (MAIN_FILES, load_tokenizer, next_turn, read_text, ref_ids, ref_ids_many,
                       shared_path)
 from dtok.chat import detect_style, render_turns
@@ -423,7 +424,7 @@ def test_try_encode_list_waits_for_no_one():
 def test_try_encode_list_counts_the_reference_as_slower():
     """On the reference encoder a character costs REFERENCE_WEIGHT fast-encoder characters of
     the budget (the reference takes ~100x the time)."""
-    from dtok.pieces import REFERENCE_WEIGHT
+    from dtok.chunk_encoder import REFERENCE_WEIGHT
 
     tok = fresh("qwen3", encoder="reference")
     text = "Hello there. " * 100  # 1,300 characters
@@ -438,7 +439,7 @@ def test_one_pass_append_is_the_general_plan(name):
     from dtok.repair import execute
 
     tok = fresh(name, anchor_spacing=256)
-    planner, encode = tok.planner, tok.pieces.encode_texts
+    planner, encode = parts_of(tok).planner, parts_of(tok).chunk_encoder.encode_texts
     base = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:5000]
     rng = random.Random(7)
     specials = [t for t in tok.admission.added_tokens if len(t) > 2][:3]
@@ -447,8 +448,8 @@ def test_one_pass_append_is_the_general_plan(name):
         first = planner.plan(None, None, old)
         done = execute(first, encode, None)
         anchors = planner.anchors_after(first, done.resolved, done.counts, None)
-        whole = tok.pieces.encode_whole(old)
-        body = whole.view(len(tok.pieces.prefix), len(whole) - len(tok.pieces.suffix))
+        whole = parts_of(tok).chunk_encoder.encode_whole(old)
+        body = whole.view(len(parts_of(tok).chunk_encoder.prefix), len(whole) - len(parts_of(tok).chunk_encoder.suffix))
         for new in (old + right + " and more text.", old + right + base[:3000], old + "\n"):
             plan = planner.plan(old, anchors, new)
             general = execute(plan, encode, body)

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import load_tokenizer
+from dtok.tokenizer import parts_of
 from dtok_ext.specials import SpecialMatcher
 
 ALPHABET = "ab<|>"
@@ -32,7 +33,7 @@ def test_matches_brute_force(patterns, text):
 
 def test_deepseek_818_tokens():
     tok = load_tokenizer("deepseek-v3")
-    m = tok.rules.specials
+    m = parts_of(tok).rules.specials
     assert m.n_patterns == len(set(tok.admission.added_tokens)) >= 800
     text = "x<｜User｜>hi<｜Assistant｜><｜tool▁calls▁begin｜>"
     occ = m.find_all(text)

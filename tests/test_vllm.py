@@ -24,6 +24,7 @@ transformers = pytest.importorskip("transformers") if not os.environ.get("CI") e
     __import__("transformers")
 from dtok.integrations import engine, identity  # noqa: E402
 from dtok.integrations import vllm as plugin  # noqa: E402
+from dtok.tokenizer import parts_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 _HF: dict[str, object] = {}
@@ -432,7 +433,7 @@ def test_loop_chars_bounds_the_pools_planning_on_the_loop(pooled):
     loop by default, and never with 0 (the pool's submit thread plans it)."""
     hook, tok, wrapper, pool = pooled
     base = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[60_000:110_000]
-    planner = pool.tokenizer.planner
+    planner = parts_of(pool.tokenizer).planner
     plan, threads = planner.plan, []
 
     def spy(*args, **kwargs):

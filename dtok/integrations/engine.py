@@ -433,13 +433,16 @@ class EngineHook:
 
     # --- the body of every hooked encode ------------------------------------------------------
 
-    def _took(self, t0: float, target) -> None:
-        # (ms, characters, keyed) of an answered call: from the hook's entry to the IDs handed
-        # on (awaited pool calls include the wait)
-        took = (round((time.perf_counter() - t0) * 1e3, 3), len(target[1]),
-                _parts(target[3])[0] is not None)
-        with self._lock:
-            self.timings.append(took)
+    def _answered(self, t0: float, target, ids: list[int] | None) -> list[int] | None:
+        """``ids``, an answered call's timing kept (None: no answer, nothing kept)."""
+        if ids is not None:
+            # (ms, characters, keyed) of an answered call: from the hook's entry to the IDs
+            # handed on (awaited pool calls include the wait)
+            took = (round((time.perf_counter() - t0) * 1e3, 3), len(target[1]),
+                    _parts(target[3])[0] is not None)
+            with self._lock:
+                self.timings.append(took)
+        return ids
 
     def _target(self, call: Callable[[], Any], wait: bool, warm_loop=None
                 ) -> tuple[Any, str, EncodeOptions, Any] | None:
@@ -462,9 +465,7 @@ class EngineHook:
         try:
             t0 = time.perf_counter()
             target = self._target(call, wait)
-            ids = None if target is None else self.encode(*target)
-            if ids is not None:
-                self._took(t0, target)
+            ids = None if target is None else self._answered(t0, target, self.encode(*target))
         except Exception as exc:  # noqa: BLE001 - never break serving
             self.error(exc)
             ids = None
@@ -490,9 +491,8 @@ class EngineHook:
             t0 = time.perf_counter()
             # answering on the loop: its thread is warmed up once dtok is built
             target = self._target(call, False, asyncio.get_running_loop() if loop_chars else None)
-            ids = None if target is None else await self.encode_async(*target, loop_chars)
-            if ids is not None:
-                self._took(t0, target)
+            ids = None if target is None else self._answered(
+                t0, target, await self.encode_async(*target, loop_chars))
         except Exception as exc:  # noqa: BLE001 - never break serving
             self.error(exc)
             ids = None

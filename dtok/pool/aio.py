@@ -51,14 +51,14 @@ class LoopFace:
         self._submitter = ThreadPoolExecutor(1, thread_name_prefix="dtok-pool-submit")
         self.submitting: deque = deque()  # a token per call waiting in the submit thread
 
-    async def encode(self, text, session, add_special, as_list, scope, loop_chars):
+    async def encode(self, text, session, add_special_tokens, as_list, scope, loop_chars):
         """The IDs of ``text`` for a caller on an event loop (see ``Pool.encode_async``)."""
         # A session's next turn is planned and sent here when that is quick (_submit_on_loop);
         # anything else, by the submit thread, which then chains the request's answer to the
         # loop's future: the loop wakes once, for the answer (not also when it was sent).
         loop = asyncio.get_running_loop()
         answer = loop.create_future()
-        req = self._submit_on_loop(text, session, add_special, as_list, scope, loop_chars)
+        req = self._submit_on_loop(text, session, add_special_tokens, as_list, scope, loop_chars)
         if req is not None:
             if req.future.done():  # answered on the loop
                 return req.future.result()
@@ -67,7 +67,7 @@ class LoopFace:
 
         def submit() -> None:
             try:
-                req = self._routing.submit(text, session, add_special, as_list, None, scope)
+                req = self._routing.submit(text, session, add_special_tokens, as_list, None, scope)
             except BaseException as exc:  # to the caller, as the call itself would raise it
                 to_loop(loop, answer, None, exc)
                 return
@@ -79,7 +79,7 @@ class LoopFace:
         self._submitter.submit(submit)
         return await answer
 
-    def _submit_on_loop(self, text, session, add_special, as_list, scope, loop_chars: int
+    def _submit_on_loop(self, text, session, add_special_tokens, as_list, scope, loop_chars: int
                         ) -> Request | None:
         """A session's next turn, submitted from the caller's thread (an event loop) where
         that is quick and keeps the calls' order: the session (keyed, or the one content lookup
@@ -94,7 +94,7 @@ class LoopFace:
         plan_work = alignment_budget(loop_chars)
         unkeyed = session is None
         if (plan_work <= 0 or self.submitting or type(text) is not str
-                or type(add_special) is not bool or state.closed
+                or type(add_special_tokens) is not bool or state.closed
                 or unkeyed and not self._routing.looks_up(text)):
             return None
         if not state.lock.acquire(blocking=False):
@@ -115,7 +115,7 @@ class LoopFace:
                 and state.planning.fits(plan, loop_chars)
             if unkeyed and not on_loop:
                 return None  # a worker's (the submit thread's lookup), or no work at all
-            req = Request(text, add_special, "stateless" if unkeyed else "session", as_list)
+            req = Request(text, add_special_tokens, "stateless" if unkeyed else "session", as_list)
             state.counts["requests"] += 1
             if unkeyed:  # content lookup found the session
                 self._routing.count_lookup(pool_session)

@@ -31,9 +31,9 @@ class Answers:
     def resolve_session(self, req: Request, pool_session: PoolSession, keep: int) -> None:
         """Answer ``req`` with its session's IDs (``keep``: the leading IDs left unchanged)."""
         if req.as_list:
-            self.resolve(req, self._sessions.as_list(pool_session, req.add_special, keep))
+            self.resolve(req, self._sessions.as_list(pool_session, req.add_special_tokens, keep))
         else:
-            self.resolve(req, self._sessions.view(pool_session, req.add_special, keep))
+            self.resolve(req, self._sessions.view(pool_session, req.add_special_tokens, keep))
 
     def finish_lists(self) -> None:
         """Turn whole texts' results into lists, outside the pool's lock, in the threads that

@@ -64,16 +64,16 @@ AGING = 0.01
 def _pooled_tokenizer(tokenizer_or_path, encode_special_tokens: bool | None
                       ) -> tuple[Tokenizer, dict]:
     """(the tokenizer the pool answers in process with, the knobs its workers load with)."""
-    literal = {} if encode_special_tokens is None else {
+    special_knob = {} if encode_special_tokens is None else {
         "encode_special_tokens": encode_special_tokens}
     if isinstance(tokenizer_or_path, Tokenizer):
-        tok = tokenizer_or_path.with_knobs(**literal) if literal and \
+        tok = tokenizer_or_path.with_knobs(**special_knob) if special_knob and \
             tokenizer_or_path.knobs["encode_special_tokens"] != encode_special_tokens \
             else tokenizer_or_path
         return tok, dict(tok.knobs)
     tok = Tokenizer(bundled_files() if tokenizer_or_path is None else tokenizer_or_path,
-                    encoder="reference", **literal)
-    return tok, {"encoder": "auto", **literal}
+                    encoder="reference", **special_knob)
+    return tok, {"encoder": "auto", **special_knob}
 
 
 def _shm_limit(shm_bytes: int | None) -> int | None:

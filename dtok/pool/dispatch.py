@@ -105,7 +105,7 @@ class Dispatch:
         if req.failed:
             return
         state = self._state
-        affix = (state.prefix_ids, state.suffix_ids) if req.add_special else ((), ())
+        affix = (state.prefix_ids, state.suffix_ids) if req.add_special_tokens else ((), ())
         if req.kind != "chunked":
             req.parts, req.bounds = [ch.encoded_ids()], [len(req.text)]
         else:

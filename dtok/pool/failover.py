@@ -42,17 +42,17 @@ class InProcessRoute:
         self.tokenizer = tokenizer.with_knobs(content_lookup=False)  # no session state
         self.executor = ThreadPoolExecutor(2, thread_name_prefix="dtok-pool-failover")
 
-    def encode(self, text, add_special):
+    def encode(self, text, add_special_tokens):
         """The request's exact IDs, or the reference's own exception."""
         testing.run_hook(testing.IN_PROCESS_ENCODE, text)
-        return self.tokenizer.encode(text, add_special_tokens=add_special)
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def answer(self, req: Request, resolve: Callable, then: Callable, inline: bool = False) -> None:
         """Encode ``req`` here and ``resolve`` it (or set the reference's exception), then call
         ``then``; inline, or on one of the route's threads."""
         def run():
             try:
-                resolve(req, self.encode(req.text, req.add_special))
+                resolve(req, self.encode(req.text, req.add_special_tokens))
             except BaseException as exc:  # noqa: BLE001 - the reference's own error
                 if not req.future.done():
                     req.future.set_exception(exc)

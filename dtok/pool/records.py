@@ -19,12 +19,12 @@ class PoolError(RuntimeError):
 
 
 class Request:
-    __slots__ = ("future", "text", "add_special", "pool_session", "kind", "parts", "pending",
+    __slots__ = ("future", "text", "add_special_tokens", "pool_session", "kind", "parts", "pending",
                  "failed", "as_list", "waiter", "direct", "times", "keys", "bounds")
 
-    def __init__(self, text, add_special, kind, as_list=False, waiter=None):
+    def __init__(self, text, add_special_tokens, kind, as_list=False, waiter=None):
         self.future: Future = Future()
-        self.text, self.add_special, self.kind = text, add_special, kind
+        self.text, self.add_special_tokens, self.kind = text, add_special_tokens, kind
         self.pool_session: PoolSession | None = None
         self.parts: list | None = None
         self.pending = 0

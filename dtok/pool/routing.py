@@ -31,15 +31,15 @@ class Routing:
         self._state, self._flow, self._failover, self._assign = state, flow, failover, assign
         self._rr = itertools.count()
 
-    def submit(self, text, session, add_special, as_list, waiter, scope=None) -> Request:
+    def submit(self, text, session, add_special_tokens, as_list, waiter, scope=None) -> Request:
         """A request routed and queued (the workers idle take it at once); ``waiter``: the
         thread id of a synchronous caller that waits on the workers itself."""
         state = self._state
         if state.closed:
             raise PoolError("the pool is closed")
-        req = Request(text, add_special, "session" if session is not None else "stateless",
+        req = Request(text, add_special_tokens, "session" if session is not None else "stateless",
                       as_list, waiter)
-        if type(text) is not str or type(add_special) is not bool or not state.channels:
+        if type(text) is not str or type(add_special_tokens) is not bool or not state.channels:
             self._failover.in_process(req, inline=waiter is not None)
             return req
         # A long stateless text is planned and cut before the lock is taken: other threads
@@ -48,7 +48,7 @@ class Routing:
         if session is None and self.looks_up(text):
             with state.lock:
                 found = self._lookup(req, scope)  # sets req.keys
-        pieces = self._chunks(text) if session is None and found is None \
+        chunks = self._chunks(text) if session is None and found is None \
             and len(text) >= state.routes.chunk_threshold else None
         with state.lock:
             if not state.slots():
@@ -57,7 +57,7 @@ class Routing:
             state.counts["requests"] += 1
             if found is not None and not state.sessions.holds(found):
                 found = None  # dropped since the lookup: this text starts a session of its own
-            if session is not None or found is not None or (req.keys and pieces is None):
+            if session is not None or found is not None or (req.keys and chunks is None):
                 # a keyed session, the stored text content lookup found, or a short unkeyed
                 # text a new session keeps for content lookup
                 pool_session = (state.sessions.get(scoped_key(session, scope))
@@ -66,8 +66,8 @@ class Routing:
                 req.pool_session = pool_session
                 pool_session.queue.append(req)
                 self._flow.start_next(pool_session)
-            elif pieces is not None and len(pieces) > 1:
-                self._submit_chunked(req, pieces)
+            elif chunks is not None and len(chunks) > 1:
+                self._submit_chunked(req, chunks)
             else:
                 state.counts["stateless"] += 1
                 self._push_stateless(Task(protocol.OP_ENCODE, "stateless", req, text,
@@ -116,17 +116,17 @@ class Routing:
                 live * routes.chunks_per_worker)
         return self._state.planning.cut(text, k)
 
-    def _submit_chunked(self, req: Request, pieces: list[str]) -> None:
+    def _submit_chunked(self, req: Request, chunks: list[str]) -> None:
         state = self._state
         req.kind = "chunked"
-        req.bounds = [len(p) for p in pieces]
-        req.parts = [None] * len(pieces)
-        req.pending = len(pieces)
+        req.bounds = [len(p) for p in chunks]
+        req.parts = [None] * len(chunks)
+        req.pending = len(chunks)
         state.counts["chunked"] += 1
-        state.counts["chunks"] += len(pieces)
-        for i, piece in enumerate(pieces):
-            self._push_stateless(Task(protocol.OP_ENCODE, "chunk", req, piece,
-                                      state.estimator.weight(piece), index=i))
+        state.counts["chunks"] += len(chunks)
+        for i, chunk in enumerate(chunks):
+            self._push_stateless(Task(protocol.OP_ENCODE, "chunk", req, chunk,
+                                      state.estimator.weight(chunk), index=i))
 
     # --- queues --------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import Hashable, NamedTuple
 
-from dtok.pieces import affixed_view
+from dtok.chunk_encoder import affixed_view
 from dtok.pool import protocol
 from dtok.pool import shm
 from dtok.repair import Anchors, Plan
@@ -223,15 +223,16 @@ class SessionTable:
             seg.close()
             seg.unlink()
 
-    def view(self, session: PoolSession, add_special: bool, keep: int) -> memoryview:
+    def view(self, session: PoolSession, add_special_tokens: bool, keep: int) -> memoryview:
         """The session's IDs for a request that left ``keep`` leading IDs (prefix included) as
         they were."""
         session.lists.note(keep)
-        return affixed_view(session.ids, add_special, self.n_prefix, self.n_suffix)
+        return affixed_view(session.ids, add_special_tokens, self.n_prefix, self.n_suffix)
 
-    def as_list(self, session: PoolSession, add_special: bool, keep: int) -> list:
+    def as_list(self, session: PoolSession, add_special_tokens: bool, keep: int) -> list:
         """The session's IDs as a list, updated in O(changed) (``keep``: as for :meth:`view`)."""
-        out = session.lists.get(add_special, self.view(session, add_special, keep), self.n_prefix)
+        out = session.lists.get(add_special_tokens, self.view(session, add_special_tokens, keep),
+                                self.n_prefix)
         self._account(session)
         return out
 

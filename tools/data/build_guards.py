@@ -13,10 +13,10 @@ code-point results from an existing table (this schema or an earlier one) for th
 versions (they do not depend on the schema) and runs only the rest (the NFC proof).
 
 ``--speed`` (gigatoken tables): measure, in this process, gigatoken against fastokens on
-64K-character documents of each text class dtok routes by (``dtok.pieces.text_class``:
+64K-character documents of each text class dtok routes by (``dtok.chunk_encoder.text_class``:
 "latin" = prose and code, "other" = multilingual and adversarial text) from the corpus, and
 record the per-class median ratio in the file's table: dtok gives gigatoken the classes where
-it took at most ``SECOND_WINS`` of fastokens' time. Each document is new to both encoders (the
+it took at most ``SPECIALIST_WINS`` of fastokens' time. Each document is new to both encoders (the
 gigatoken instance first sees the other half of the corpus: a warm pre-token cache, as in
 service); pairs alternate which encoder goes first. Every output is compared with the
 reference's and the wrong ones counted. ``--speed --candidate basetenkenizer`` measures another
@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dtok import guards  # noqa: E402
 from dtok.encoders import FastEncoder, FastEncoderError, GigaEncoder  # noqa: E402
+from dtok.tokenizer import parts_of  # noqa: E402
 from dtok.tokenizer import Tokenizer  # noqa: E402
 
 
@@ -156,7 +157,7 @@ class Basetenkenizer:
 
 
 def record_speed(path: Path, out: Path, corpus: Path | None, candidate: str | None = None) -> None:
-    from dtok.pieces import text_class
+    from dtok.chunk_encoder import text_class
 
     tok = Tokenizer.from_file(path, encoder="reference")
     raw = tok.tokenizer_json()
@@ -248,7 +249,8 @@ def record_long_pieces(path: Path, out: Path, corpus: Path | None) -> None:
             continue
         docs = [(kind, doc) for kind in kinds for doc in _long_docs(root, kind)]
         # each document cut as the stateless route cuts it (the cuts found once)
-        cut = [lambda s, cuts=tok.pieces.stateless_cuts(doc): fast.encode_many(split_at(s, cuts))
+        chunk_encoder = parts_of(tok).chunk_encoder
+        cut = [lambda s, cuts=chunk_encoder.stateless_cuts(doc): fast.encode_many(split_at(s, cuts))
                for _, doc in docs]
         per_doc = []
         for d, (kind, doc) in enumerate(docs):

@@ -331,7 +331,7 @@ async def run_control(check: Checker, tok, model: str, out) -> tuple[int, int]:
     (requests, 1): a check that cannot see a missing guard is broken."""
     from dtok.chat import STYLES, detect_style
 
-    if tok.rules is None:
+    if not tok.admission.admitted:
         out("  control: not admitted (dtok encodes whole), nothing to switch off")
         return 0, 0
     marker = STYLES[detect_style(tok.admission.added_tokens)][0]
@@ -354,12 +354,15 @@ def _guard_off(tok):
     """The control's fault: the special-token check of the cut rules switched off through
     ``CutRules._check_specials``, the test seam the battery's controls use (``tests/battery.py``
     ``checks_disabled``), so this check proves it can see a wrong answer."""
-    saved = tok.rules._check_specials
-    tok.rules._check_specials = False
+    from dtok.tokenizer import parts_of
+
+    rules = parts_of(tok).rules
+    saved = rules._check_specials
+    rules._check_specials = False
     try:
         yield
     finally:
-        tok.rules._check_specials = saved
+        rules._check_specials = saved
 
 
 def _is_patched(owner, attr: str) -> bool:

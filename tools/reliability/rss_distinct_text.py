@@ -83,11 +83,12 @@ def main() -> None:
         return
     if args.emulate_cpus:
         import dtok.encoders
-        import dtok.pieces
+        import dtok.chunk_encoder
 
-        dtok.encoders.available_cpus = dtok.pieces.available_cpus = lambda: args.emulate_cpus
+        dtok.encoders.available_cpus = dtok.chunk_encoder.available_cpus = lambda: args.emulate_cpus
         os.environ.setdefault("FASTOKENS_BPE_THREADS", str(args.emulate_cpus))
     import dtok
+    from dtok.tokenizer import parts_of
 
     knobs = {} if args.thread_renew_chars is None else {"thread_renew_chars": args.thread_renew_chars}
     tok = load_tokenizer(args.file, content_lookup=False, threads=args.threads, **knobs)
@@ -104,7 +105,7 @@ def main() -> None:
         from dtok.encoders import GigaEncoder
 
         renew = args.renew_chars or GigaEncoder.RENEW_CHARS  # what with_giga gave it
-        giga = tok.pieces.second.encoder  # its renewals are printed
+        giga = parts_of(tok).chunk_encoder.specialist.encoder  # its renewals are printed
     print(f"dtok {dtok.__version__ if hasattr(dtok, '__version__') else ''} {args.file}: encoder "
           f"{st['encoder']}, second {st['second_encoder']} classes {st['second_classes']}"
           f" renew_chars {renew} threads {tok.threads}; loaded RSS {status('VmRSS')} MiB",

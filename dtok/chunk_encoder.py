@@ -1,9 +1,9 @@
-"""The piece encoder: body IDs (no post-processing) of independent pieces of admitted text.
+"""The chunk encoder: body IDs (no post-processing) of independent chunks of admitted text.
 
-Each piece goes to a fast encoder, except the stretches around guard characters or text NFC
+Each chunk goes to a fast encoder, except the stretches around guard characters or text NFC
 would change, and stretches with no safe cut for more than LONGEST_FAST_STRETCH characters,
 which go to the reference; stretches start and end at safe cuts, so their IDs concatenate
-to the piece's (:mod:`dtok.repair` and docs/exactness.md say why). The calls run on a thread
+to the chunk's (:mod:`dtok.repair` and docs/exactness.md say why). The calls run on a thread
 pool and in the calling thread at once (every encoder releases the GIL). The tokenizer's
 stateless route, the session store and the pool's workers all encode through this object.
 """
@@ -17,14 +17,14 @@ from dtok import testing
 from dtok.chunking import Chunker, split_at
 from dtok.encoders import ReferenceEncoder, available_cpus, fastokens_bpe_threads
 from dtok.knobs import default_threads
-from dtok.loading import FastParts, Lane, Loaded
+from dtok.loading import FastParts, GuardedEncoder, LoadedFile
 from dtok_ext.buffers import IdBuffer, ids_from_list
 from dtok_ext.cuts import ROUTE_FAST, ROUTE_GUARD, CutRules
 
 if TYPE_CHECKING:
     from dtok.encode_threads import EncodeThreads
 
-__all__ = ["PieceEncoder", "text_class", "affixed_view"]
+__all__ = ["ChunkEncoder", "text_class", "affixed_view", "ONE_BYTE_TEXT", "OTHER_TEXT"]
 
 # The figures behind each constant below: docs/benchmarks.md#figures-behind-the-scheduling-constants
 # (the rules: docs/knobs.md#chunks, docs/knobs.md#threads).
@@ -36,38 +36,41 @@ PARALLEL_MIN_CHARS = 32768
 # A longer cut-free stretch goes to the reference: fastokens keeps scratch for its longest
 # pre-token, for good (docs/encoders.md#guards).
 LONGEST_FAST_STRETCH = 65536
-# The longest piece a fast encoder gets: a longer one costs scratch memory kept on each thread.
-LONGEST_FAST_PIECE = 1 << 20
+# The longest chunk a fast encoder gets: a longer one costs scratch memory kept on each thread.
+LONGEST_FAST_CHUNK = 1 << 20
 # A pool thread takes its run of chunks in steps of at most this many characters (at least one
-# piece), so that the calling thread, done with its own run, can take the rest from the back.
+# chunk), so that the calling thread, done with its own run, can take the rest from the back.
 RUN_STEP_CHARS = 160_000
-# :func:`text_class` reads this many runs of this many characters of a long piece (reading it
-# all would cost a tenth of the encode it decides on).
-CLASS_RUNS, CLASS_RUN = 16, 256
+# :func:`text_class` reads this many samples of this many characters of a long chunk (reading
+# it all would cost a tenth of the encode it decides on).
+CLASS_SAMPLES, CLASS_SAMPLE_CHARS = 16, 256
 # With ``threads=None``, a split must save this much work (characters of Latin text on a fast
 # encoder) where fastokens runs one BPE thread a call: chosen over a server's stream of requests.
 AUTO_SPLIT_SAVING = 450_000
-# The bound beside fastokens' own BPE threads (or another main encoder): the only one measured
+# The bound beside fastokens' own BPE threads (or another general encoder): the only one measured
 # there (16 cores).
 AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS = 1_250_000
+# The text classes (docs/glossary.md#latin-and-other-text), by the names guard tables and
+# Tokenizer.stats() give them.
+ONE_BYTE_TEXT, OTHER_TEXT = "latin", "other"
 # Work per character of the reference in those units (it takes ~0.5 us a character).
 REFERENCE_WEIGHT = 100
 
 
-def text_class(piece: str) -> str:
-    """'latin' (about one UTF-8 byte per character: prose, code) or 'other' (multilingual
-    text), judged on a sample of the piece: the class the second encoder's speed was measured
-    on (``tools/data/build_guards.py --speed``)."""
-    if piece.isascii():
-        return "latin"
-    # a few runs of contiguous characters spread over the piece: reading every 61st character
+def text_class(chunk: str) -> str:
+    """ONE_BYTE_TEXT (about one UTF-8 byte per character: prose, code) or OTHER_TEXT
+    (multilingual text), judged on a sample of the chunk: the classes the specialist encoder's
+    speed was measured on (``tools/data/build_guards.py --speed``)."""
+    if chunk.isascii():
+        return ONE_BYTE_TEXT
+    # a few samples of contiguous characters spread over the chunk: reading every 61st character
     # of 1M instead (every cache line of a 2-byte string, cold) took ~0.6 ms, a tenth of the
     # encode it decides on
-    step = len(piece) // CLASS_RUNS
-    sample = piece if step <= CLASS_RUN else \
-        "".join([piece[i : i + CLASS_RUN] for i in range(0, len(piece), step)])
-    return "latin" if len(sample.encode("utf-8", "surrogatepass")) * 10 <= len(sample) * 11 \
-        else "other"
+    step = len(chunk) // CLASS_SAMPLES
+    sample = chunk if step <= CLASS_SAMPLE_CHARS else \
+        "".join([chunk[i : i + CLASS_SAMPLE_CHARS] for i in range(0, len(chunk), step)])
+    return ONE_BYTE_TEXT if len(sample.encode("utf-8", "surrogatepass")) * 10 <= len(sample) * 11 \
+        else OTHER_TEXT
 
 
 def _even_runs(items: list, n: int, total: int | None = None) -> list[list]:
@@ -84,7 +87,7 @@ def _even_runs(items: list, n: int, total: int | None = None) -> list[list]:
 
 
 class _TwoEnds:
-    """The indices of a run's pieces not yet taken, handed out from either end: a pool thread
+    """The indices of a run's chunks not yet taken, handed out from either end: a pool thread
     takes from the front, the calling thread from the back.
 
     >>> ends = _TwoEnds([60, 60, 60, 200])
@@ -98,7 +101,7 @@ class _TwoEnds:
         self._lock = threading.Lock()
 
     def take(self, chars: int, back: bool) -> tuple[int, int] | None:
-        """The next pieces, as many as fit in ``chars`` characters (at least one), as a range
+        """The next chunks, as many as fit in ``chars`` characters (at least one), as a range
         [a, b) of indices, or None: all taken."""
         with self._lock:
             if self.lo >= self.hi:
@@ -120,20 +123,20 @@ class _TwoEnds:
             return a, b
 
 
-def affixed_view(ids, add_special: bool, n_prefix: int, n_suffix: int) -> memoryview:
+def affixed_view(ids, add_special_tokens: bool, n_prefix: int, n_suffix: int) -> memoryview:
     """A read-only view of an ID buffer (prefix + body + suffix) with the post-processor's
     affixes (``add_special_tokens``) or without them: the two results one buffer serves."""
-    return ids.view() if add_special else ids.view(n_prefix, len(ids) - n_suffix)
+    return ids.view() if add_special_tokens else ids.view(n_prefix, len(ids) - n_suffix)
 
 
-class PieceEncoder:
-    """Encodes pieces of admitted text on a tokenizer's encoders (see the module docstring).
+class ChunkEncoder:
+    """Encodes chunks of admitted text on a tokenizer's encoders (see the module docstring).
 
-    ``main`` (the fast encoder with the rules that guard it, or the reference), ``second``
-    (gigatoken's lane, for ``second_classes`` of text) and ``reference`` are read at each call:
-    the controls of the exactness battery replace them (test seams)."""
+    ``general`` (the fast encoder of every text class with the rules that guard it, or the
+    reference), ``specialist`` (gigatoken, for ``specialist_classes`` of text) and ``reference``
+    are read at each call: the controls of the exactness battery replace them (test seams)."""
 
-    def __init__(self, loaded: Loaded, knobs: dict[str, Any], chunker: Chunker) -> None:
+    def __init__(self, loaded: LoadedFile, knobs: dict[str, Any], chunker: Chunker) -> None:
         a = loaded.admission
         self.rules = loaded.rules
         self.prefix: tuple[int, ...] = a.prefix  # IDs the post-processor puts before the text
@@ -146,19 +149,17 @@ class PieceEncoder:
         self._reference_tokenizer = loaded.reference
         self.reference = ReferenceEncoder(loaded.reference)
         use_fast = loaded.fast is not None and knobs["encoder"] != "reference"
-        self.main = Lane(loaded.fast if use_fast else self.reference, loaded.rules,
-                         loaded.nfc_by_fast)
-        self.second: Lane | None = loaded.second if use_fast else None
-        self.second_classes = loaded.second_classes if use_fast else frozenset()
+        self.general = GuardedEncoder(loaded.fast if use_fast else self.reference, loaded.rules,
+                                      loaded.nfc_by_fast)
+        self.specialist: GuardedEncoder | None = loaded.specialist if use_fast else None
+        self.specialist_classes = loaded.specialist_classes if use_fast else frozenset()
         self.split_saving = self._split_saving()  # the split rule's bound (split_pays)
         # encode_special_tokens: special-token strings are plain text to the reference, while
         # the fast encoders would match them; stretches holding one go to the reference
-        self.literal = loaded.literal
-        self._literal_starts = tuple({t[:2] for t in loaded.admission.special_tokens}) \
-            if loaded.literal is not None else ()
-        self._check_literal = True  # private hook of the control (tests/test_literal_specials.py)
-        self._check_long = True  # private hook of the memory test's control (tests/test_memory.py)
-        self._pieces = {"fast": 0, "reference": 0, "second": 0}
+        self.plain_specials = loaded.plain_specials
+        self._plain_special_starts = tuple({t[:2] for t in loaded.admission.special_tokens}) \
+            if loaded.plain_specials is not None else ()
+        self._stretch_counts = {"fast": 0, "reference": 0, "specialist": 0}
         self._executor: EncodeThreads | None = None
         self._renewals_closed = 0  # renewals of the threads close() stopped
         self._lock = threading.Lock()
@@ -166,50 +167,50 @@ class PieceEncoder:
             loaded.upgrade.subscribe(self)  # the fast encoder comes when its probes are done
 
     def _split_saving(self) -> int:
-        one_bpe_thread = self.main.encoder.name == "fastokens" and fastokens_bpe_threads() == 1
+        one_bpe_thread = self.general.encoder.name == "fastokens" and fastokens_bpe_threads() == 1
         return AUTO_SPLIT_SAVING if one_bpe_thread else AUTO_SPLIT_SAVING_BESIDE_BPE_THREADS
 
     def take_fast(self, parts: FastParts) -> None:
         """Serve with the fast encoders from now on (their guard probes finished after the
-        load). A call already running finishes on the lanes it read: each is exact."""
-        self.second, self.second_classes = parts.second, parts.second_classes
+        load). A call already running finishes on the encoders it read: each is exact."""
+        self.specialist, self.specialist_classes = parts.specialist, parts.specialist_classes
         self.rules = parts.rules
-        self.main = Lane(parts.encoder, parts.rules, parts.nfc_by_fast)
+        self.general = GuardedEncoder(parts.encoder, parts.rules, parts.nfc_by_fast)
         self.split_saving = self._split_saving()
 
     # --- encoding -------------------------------------------------------------------------
 
-    def encode_texts(self, pieces: list[str], batch: bool = False) -> list[list]:
-        """Body IDs of each piece, encoded independently: for each piece, the list of its int32
-        buffers. Several long pieces are shared out among the ``threads`` in contiguous runs,
+    def encode_texts(self, chunks: list[str], batch: bool = False) -> list[list]:
+        """Body IDs of each chunk, encoded independently: for each chunk, the list of its int32
+        buffers. Several long chunks are shared out among the ``threads`` in contiguous runs,
         each thread routing and encoding its own run (the scans that decide the routes then run
         in parallel too, not all before the encodes in the calling thread). Otherwise the
         stretches that must go to the reference are sent in at most ``threads`` calls (one with
         ``batch``: short texts of a batch), and the rest in at most ``threads`` calls to each
         fast encoder."""
-        if not pieces:
+        if not chunks:
             return []
-        if self.main.encoder is self.reference:
-            self._count(reference=len(pieces))
+        if self.general.encoder is self.reference:
+            self._count(reference=len(chunks))
             if batch:
-                return [[ids] for ids in self.reference.encode_many(pieces)]
-            return [[ids] for ids in self._map(self.reference.encode, pieces)]
-        main = self.main
-        if self.second is None and sum(map(len, pieces)) < 2 * PARALLEL_MIN_CHARS \
-                and all(self.fast_may_take(main, p) for p in pieces):
-            # what the routing below decides for a few short pieces the fast encoder may take
+                return [[ids] for ids in self.reference.encode_many(chunks)]
+            return [[ids] for ids in self._map(self.reference.encode, chunks)]
+        general = self.general
+        if self.specialist is None and sum(map(len, chunks)) < 2 * PARALLEL_MIN_CHARS \
+                and all(self.fast_may_take(general, p) for p in chunks):
+            # what the routing below decides for a few short chunks the fast encoder may take
             # whole (a session's turn): one call, without its lists and groups
-            self._count(fast=len(pieces))
-            return [[ids] for ids in main.encoder.encode_many(pieces)]
-        runs = [] if batch or len(pieces) == 1 or testing.is_off(testing.OFF_RUNS) \
-            else self._groups(list(enumerate(pieces)), True)
+            self._count(fast=len(chunks))
+            return [[ids] for ids in general.encoder.encode_many(chunks)]
+        runs = [] if batch or len(chunks) == 1 or testing.is_off(testing.OFF_RUNS) \
+            else self._groups(list(enumerate(chunks)), True)
         if len(runs) > 1:
             return self._encode_runs(runs)
-        return self._encode_routed(pieces, True, batch)
+        return self._encode_routed(chunks, True, batch)
 
     def _encode_runs(self, runs: list[list]) -> list[list]:
-        """:meth:`encode_texts` of runs of (slot, piece) items, each run routed and encoded on a
-        thread of its own, the first on this one. A pool thread takes its run's pieces from
+        """:meth:`encode_texts` of runs of (slot, chunk) items, each run routed and encoded on a
+        thread of its own, the first on this one. A pool thread takes its run's chunks from
         the front, up to RUN_STEP_CHARS characters a step; this thread, done with its own
         run, takes what is left of the others from the back (so it never waits for a pool
         thread that got its CPU late, or shares it, to the end of its run) and then waits only
@@ -221,8 +222,8 @@ class PieceEncoder:
         two_ends = not testing.is_off(testing.OFF_TWO_ENDS)
 
         def drain(k: int, back: bool) -> None:
-            while (span := ends[k].take(step, back)) is not None:
-                a, b = span
+            while (taken := ends[k].take(step, back)) is not None:
+                a, b = taken
                 out[k][a:b] = self._encode_routed(texts[k][a:b], False)
 
         pending = self._pool().beside([partial(drain, k, False) for k in range(1, len(runs))],
@@ -238,31 +239,32 @@ class PieceEncoder:
                 fut.result()
         return [ids for run in out for ids in run]
 
-    def _encode_routed(self, pieces: list[str], parallel: bool, batch: bool = False
+    def _encode_routed(self, chunks: list[str], parallel: bool, batch: bool = False
                        ) -> list[list]:
-        """:meth:`encode_texts` of pieces routed here; ``parallel``: the calls to each encoder
+        """:meth:`encode_texts` of chunks routed here; ``parallel``: the calls to each encoder
         are shared out among the threads, else all made in this thread."""
         def groups(items: list, fast: bool, one: bool = False) -> list[list]:
             return self._groups(items, fast, one) if parallel else [items] if items else []
 
-        lanes = [self.main] if self.second is None else [self.main, self.second]
-        by_lane: list[list] = [[] for _ in lanes]  # (slot, sub-text) for each fast encoder
+        guarded = [self.general] if self.specialist is None else [self.general, self.specialist]
+        by_guarded: list[list] = [[] for _ in guarded]  # (slot, stretch) for each fast encoder
         slow: list[tuple[int, str]] = []
-        owner: list[int] = []  # slot -> piece index
-        for i, piece in enumerate(pieces):
-            k = 1 if len(lanes) > 1 and text_class(piece) in self.second_classes else 0
-            for a, b, why in self.segments(piece, lanes[k]):
-                text = piece[a:b]  # one slice: the one whose UTF-8 a route may have written
-                if why is not None and len(lanes) > 1 and self.fast_may_take(lanes[1 - k], text):
-                    by_lane[1 - k].append((len(owner), text))  # the other fast encoder
+        owner: list[int] = []  # slot -> chunk index
+        for i, chunk in enumerate(chunks):
+            k = 1 if len(guarded) > 1 and text_class(chunk) in self.specialist_classes else 0
+            for a, b, why in self.stretches(chunk, guarded[k]):
+                text = chunk[a:b]  # one slice: the one whose UTF-8 a route may have written
+                if why is not None and len(guarded) > 1 \
+                        and self.fast_may_take(guarded[1 - k], text):
+                    by_guarded[1 - k].append((len(owner), text))  # the other fast encoder
                     owner.append(i)
                     continue
-                (by_lane[k] if why is None else slow).append((len(owner), text))
+                (by_guarded[k] if why is None else slow).append((len(owner), text))
                 owner.append(i)
-        self._count(fast=len(by_lane[0]), reference=len(slow),
-                    second=len(by_lane[1]) if len(lanes) > 1 else 0)
-        calls = [(lane.encoder.encode_many, g)
-                 for lane, items in zip(lanes, by_lane) for g in groups(items, True)]
+        self._count(fast=len(by_guarded[0]), reference=len(slow),
+                    specialist=len(by_guarded[1]) if len(guarded) > 1 else 0)
+        calls = [(each.encoder.encode_many, g)
+                 for each, items in zip(guarded, by_guarded) for g in groups(items, True)]
         calls += [(self.reference.encode_stretches, g) for g in groups(slow, False, batch)]
         jobs = [partial(fn, [t for _, t in g]) for fn, g in calls]
         results: list = [None] * len(owner)
@@ -273,7 +275,7 @@ class PieceEncoder:
         for (_, g), answer in zip(calls, answers):
             for (j, _), ids in zip(g, answer):
                 results[j] = ids
-        out: list[list] = [[] for _ in pieces]
+        out: list[list] = [[] for _ in chunks]
         for j, i in enumerate(owner):
             out[i].append(results[j])
         return out
@@ -284,13 +286,13 @@ class PieceEncoder:
         cuts = self.stateless_cuts(text)
         if cuts:
             return [p for parts in self.encode_texts(split_at(text, cuts)) for p in parts]
-        if self.second is None and self.main.encoder is not self.reference \
-                and self.fast_may_take(self.main, text):
-            # one piece, one fast encoder, all of it: the call encode_texts would make, without
+        if self.specialist is None and self.general.encoder is not self.reference \
+                and self.fast_may_take(self.general, text):
+            # one chunk, one fast encoder, all of it: the call encode_texts would make, without
             # its routing lists and thread groups (run cold, as a server's next request finds
             # the caches, those took ~0.1 ms of a 4 ms encode of 1M characters)
             self._count(fast=1)
-            return [self.main.encoder.encode(text)]
+            return [self.general.encoder.encode(text)]
         return self.encode_texts([text])[0]
 
     def encode_whole(self, text: str, headroom: int = 0) -> IdBuffer:
@@ -301,7 +303,7 @@ class PieceEncoder:
 
     def encode_view(self, text: str, add_special_tokens: bool) -> memoryview:
         """:meth:`encode_whole` as a read-only int32 view, with the post-processor's affixes or
-        without. A text encoded in one piece with nothing to add around it is the encoder's
+        without. A text encoded in one chunk with nothing to add around it is the encoder's
         own buffer, not a copy (1M characters of prose: ~1 MB of IDs, whose copy took 0.05 ms
         with hot caches, 1-2% of the encode)."""
         parts = self._body_or_none(text)
@@ -342,24 +344,24 @@ class PieceEncoder:
 
     # --- routing --------------------------------------------------------------------------
 
-    def work(self, chars: int) -> int:
+    def encoding_cost(self, chars: int) -> int:
         """Encoding ``chars`` characters, in characters of a fast encoder's work (the
         reference's count REFERENCE_WEIGHT each): what an answer's budget is counted in."""
-        return chars * REFERENCE_WEIGHT if self.main.encoder is self.reference else chars
+        return chars * REFERENCE_WEIGHT if self.general.encoder is self.reference else chars
 
     def chunk_target(self, text: str) -> int:
         """The chunk length the stateless route aims at for ``text``, up to
-        LONGEST_FAST_PIECE: on a fast encoder, one piece per encoding thread for Latin text
+        LONGEST_FAST_CHUNK: on a fast encoder, one chunk per encoding thread for Latin text
         (:func:`text_class`); else the knob ``chunk_target`` (the reference's cost per chunk
         grows faster than linearly with the chunk's length; a fast encoder's other text in
-        long pieces did not pay: docs/knobs.md#chunks)."""
+        long chunks did not pay: docs/knobs.md#chunks)."""
         target = self.chunker.target
-        if self.main.encoder is self.reference or self.second is not None:
+        if self.general.encoder is self.reference or self.specialist is not None:
             return target
-        if text_class(text) != "latin":
+        if text_class(text) != ONE_BYTE_TEXT:
             return target
         threads = self.useful_threads(len(text), 1)
-        return max(target, min(LONGEST_FAST_PIECE, -(-len(text) // threads)))
+        return max(target, min(LONGEST_FAST_CHUNK, -(-len(text) // threads)))
 
     def chunk_count(self, text: str) -> int:
         """How many chunks the stateless route cuts ``text`` into (of about
@@ -375,31 +377,32 @@ class PieceEncoder:
         k = self.chunk_count(text)
         return self.chunker.cuts(text, k) if k > 1 else []
 
-    def segments(self, piece: str, lane: Lane | None = None
+    def stretches(self, chunk: str, guarded: GuardedEncoder | None = None
                  ) -> list[tuple[int, int, str | None]]:
-        """[(start, end, why)] covering the piece: why is None for stretches the fast encoder
-        (of ``lane``: the main one by default) may take, else why the stretch goes elsewhere.
-        Stretches start and end at safe cuts, so their IDs concatenate to the piece's; stretches
-        closer than COALESCE_GAP characters are merged (one piece instead of three)."""
-        _, rules, nfc_by_fast = self.main if lane is None else lane
+        """[(start, end, why)]: the chunk's stretches, each for one encoder: why is None for those
+        the fast encoder (of ``guarded``: the general one by default) may take, else why the
+        stretch goes elsewhere. Stretches start and end at safe cuts, so their IDs concatenate
+        to the chunk's; stretches closer than COALESCE_GAP characters are merged (one stretch
+        instead of three)."""
+        _, rules, nfc_by_fast = self.general if guarded is None else guarded
         check_nfc = rules.nfc and not nfc_by_fast
-        route, at = rules.route(piece, nfc=check_nfc, utf8=True)  # its UTF-8 if all fast
-        literal = self.literal_spans(piece)
-        uncut = self.cut_free_stretches(piece, rules)
-        if route == ROUTE_FAST and not literal and not uncut:
-            return [(0, len(piece), None)]
-        spans = [(a, b, f"special-token text {piece[a:b]!r} at {a} (encode_special_tokens)")
-                 for a, b in literal]
-        spans += [(a, b, f"no safe cut for {b - a} characters at {a}") for a, b in uncut]
+        route, at = rules.route(chunk, nfc=check_nfc, utf8=True)  # its UTF-8 if all fast
+        plain_specials = self.plain_specials_in(chunk)
+        uncut = self.cut_free_stretches(chunk, rules)
+        if route == ROUTE_FAST and not plain_specials and not uncut:
+            return [(0, len(chunk), None)]
+        marked = [(a, b, f"special-token text {chunk[a:b]!r} at {a} (encode_special_tokens)")
+                  for a, b in plain_specials]
+        marked += [(a, b, f"no safe cut for {b - a} characters at {a}") for a, b in uncut]
         if route == ROUTE_GUARD:  # the first guard character is at `at`: scan on from there
-            spans += [(a, b, f"guard character U+{ord(piece[a]):04X} at {a}")
-                      for a, b in rules.guard_spans(piece, at)]
+            marked += [(a, b, f"guard character U+{ord(chunk[a]):04X} at {a}")
+                       for a, b in rules.guard_spans(chunk, at)]
         if check_nfc and route != ROUTE_FAST:
-            spans += [(a, c, f"not NFC at {a}") for a, c in self.unstable(piece)]
-        if not spans:
-            return [(0, len(piece), None)]
-        spans.sort()
-        stretches = rules.isolate(piece, [(a, b) for a, b, _ in spans], self.scan_budget)
+            marked += [(a, c, f"not NFC at {a}") for a, c in self.unstable(chunk)]
+        if not marked:
+            return [(0, len(chunk), None)]
+        marked.sort()
+        stretches = rules.isolate(chunk, [(a, b) for a, b, _ in marked], self.scan_budget)
         merged: list[list[int]] = []
         for a, b in stretches:
             if merged and a - merged[-1][1] < COALESCE_GAP:
@@ -411,48 +414,49 @@ class PieceEncoder:
         for a, b in merged:
             if a > pos:
                 out.append((pos, a, None))
-            while k + 1 < len(spans) and spans[k][1] <= a:
+            while k + 1 < len(marked) and marked[k][1] <= a:
                 k += 1
-            out.append((a, b, spans[k][2]))
+            out.append((a, b, marked[k][2]))
             pos = b
-        if pos < len(piece):
-            out.append((pos, len(piece), None))
+        if pos < len(chunk):
+            out.append((pos, len(chunk), None))
         return out
 
-    def fast_may_take(self, lane: Lane, text: str) -> bool:
-        """Whether ``lane``'s fast encoder may encode all of ``text``: no guard character, no
+    def fast_may_take(self, guarded: GuardedEncoder, text: str) -> bool:
+        """Whether ``guarded``'s fast encoder may encode all of ``text``: no guard character, no
         text NFC would change (unless its NFC is proven), no special-token text taken
         literally, no over-long cut-free stretch."""
-        return (lane.rules.route(text, nfc=not lane.nfc_by_fast, utf8=True)[0] == ROUTE_FAST
-                and not self.literal_spans(text) and not self.cut_free_stretches(text, lane.rules))
+        return (guarded.rules.route(text, nfc=not guarded.nfc_by_fast, utf8=True)[0] == ROUTE_FAST
+                and not self.plain_specials_in(text)
+                and not self.cut_free_stretches(text, guarded.rules))
 
-    def cut_free_stretches(self, piece: str, rules: CutRules) -> list[tuple[int, int]]:
-        """The stretches of the piece between safe cuts (of ``rules``, a lane's) longer than
-        LONGEST_FAST_STRETCH: the reference's (see that constant)."""
-        if len(piece) <= LONGEST_FAST_STRETCH or not self._check_long:
+    def cut_free_stretches(self, chunk: str, rules: CutRules) -> list[tuple[int, int]]:
+        """The stretches of the chunk between safe cuts (of ``rules``, a guarded encoder's)
+        longer than LONGEST_FAST_STRETCH: the reference's (see that constant)."""
+        if len(chunk) <= LONGEST_FAST_STRETCH or testing.is_off(testing.CHECK_LONG_STRETCHES):
             return []
-        return rules.cut_free_stretches(piece, LONGEST_FAST_STRETCH)
+        return rules.cut_free_stretches(chunk, LONGEST_FAST_STRETCH)
 
-    def literal_spans(self, piece: str) -> list[tuple[int, int]]:
-        """Where special-token strings stand in the piece, when they are plain text
+    def plain_specials_in(self, chunk: str) -> list[tuple[int, int]]:
+        """Where special-token strings stand in the chunk, when they are plain text
         (``encode_special_tokens``): the stretches no fast encoder may take."""
-        if self.literal is None or not self._check_literal \
-                or not any(p in piece for p in self._literal_starts):
+        if self.plain_specials is None or testing.is_off(testing.CHECK_PLAIN_SPECIALS) \
+                or not any(p in chunk for p in self._plain_special_starts):
             return []
-        return self.literal.find_all(piece)
+        return self.plain_specials.find_all(chunk)
 
-    def unstable(self, piece: str) -> list[tuple[int, int]]:
-        """The NFC windows of the piece that the reference normalizer would change (one
-        normalizer call over all windows; by bisection if the piece holds the separator)."""
+    def unstable(self, chunk: str) -> list[tuple[int, int]]:
+        """The NFC windows of the chunk that the reference normalizer would change (one
+        normalizer call over all windows; by bisection if the chunk holds the separator)."""
         rules = self.rules
         if rules is None:  # only an admitted file's text is cut and checked
             raise ValueError("NFC windows need an admitted file's cut rules")
-        found = rules.unstable_windows(piece)
+        found = rules.unstable_windows(chunk)
         if found is not None:
             return found
         normalize = self._reference_tokenizer.normalizer.normalize_str
-        windows = rules.nfc_windows(piece)
-        texts = [piece[a:c] for a, c in windows]
+        windows = rules.nfc_windows(chunk)
+        texts = [chunk[a:c] for a, c in windows]
 
         def bad(lo: int, hi: int) -> list[tuple[int, int]]:
             joined = "\n".join(texts[lo:hi])
@@ -468,28 +472,28 @@ class PieceEncoder:
 
         return bad(0, len(windows)) if windows else []
 
-    def routes(self, pieces: list[str]) -> list[str]:
-        """For each piece, "fast", or which of its stretches go to the reference and why."""
-        if self.main.encoder is self.reference:
-            return ["reference"] * len(pieces)
+    def routes(self, chunks: list[str]) -> list[str]:
+        """For each chunk, "fast", or which of its stretches go to the reference and why."""
+        if self.general.encoder is self.reference:
+            return ["reference"] * len(chunks)
         out = []
-        for piece in pieces:
-            segs = [(a, b, why) for a, b, why in self.segments(piece) if why is not None]
-            if not segs:
+        for chunk in chunks:
+            away = [(a, b, why) for a, b, why in self.stretches(chunk) if why is not None]
+            if not away:
                 out.append("fast")
             else:
-                n = sum(b - a for a, b, _ in segs)
-                out.append(f"reference for {n} of {len(piece)} chars ({len(segs)} stretch(es), "
-                           f"first: {segs[0][2]})")
+                n = sum(b - a for a, b, _ in away)
+                out.append(f"reference for {n} of {len(chunk)} chars ({len(away)} stretch(es), "
+                           f"first: {away[0][2]})")
         return out
 
     def counts(self) -> dict[str, int]:
-        """Pieces each encoder took so far, and how often the encoding threads were renewed."""
+        """Chunks each encoder took so far, and how often the encoding threads were renewed."""
         executor = self._executor
         with self._lock:
-            return {"fast_pieces": self._pieces["fast"],
-                    "reference_pieces": self._pieces["reference"],
-                    "second_pieces": self._pieces["second"],
+            return {"fast_pieces": self._stretch_counts["fast"],
+                    "reference_pieces": self._stretch_counts["reference"],
+                    "second_pieces": self._stretch_counts["specialist"],
                     "thread_renewals": self._renewals_closed
                     + (executor.renewals if executor is not None else 0)}
 
@@ -523,12 +527,12 @@ class PieceEncoder:
             else self.split_saving
         return not self.auto_threads or (chars - largest) * weight >= bound
 
-    def split_threads(self, pieces: list[str]) -> int:
-        """The threads :meth:`encode_texts` shares these pieces (a text's chunks) among: the
+    def split_threads(self, chunks: list[str]) -> int:
+        """The threads :meth:`encode_texts` shares a text's chunks among: the
         decision it makes, for ``explain``."""
-        if self.main.encoder is self.reference:
-            return min(self.threads, len(pieces))
-        return max(1, len(self._groups(list(enumerate(pieces)), True)))
+        if self.general.encoder is self.reference:
+            return min(self.threads, len(chunks))
+        return max(1, len(self._groups(list(enumerate(chunks)), True)))
 
     def _groups(self, items: list, fast: bool, one: bool = False) -> list[list]:
         """Split (slot, text) items into groups of about equal length, one encoder call each:
@@ -545,16 +549,16 @@ class PieceEncoder:
         if n == 1:
             return [items]
         groups = _even_runs(items, n, total)
-        # uneven items (a piece's two stretches around a guard character, one of them short)
+        # uneven items (a chunk's two stretches around a guard character, one of them short)
         # make uneven groups: the split must pay as they are, not as an even one would
         largest = max(sum(len(t) for _, t in grp) for grp in groups)
         return groups if self.split_pays(total, largest, weight) else [items]
 
-    def _count(self, fast: int = 0, reference: int = 0, second: int = 0) -> None:
+    def _count(self, fast: int = 0, reference: int = 0, specialist: int = 0) -> None:
         with self._lock:
-            self._pieces["fast"] += fast
-            self._pieces["reference"] += reference
-            self._pieces["second"] += second
+            self._stretch_counts["fast"] += fast
+            self._stretch_counts["reference"] += reference
+            self._stretch_counts["specialist"] += specialist
 
     def _at_once(self, jobs: list, chars: int) -> list:
         """The results of ``jobs`` (callables), in order: the first run in this thread while the
