@@ -83,6 +83,15 @@ MAIN_FILES = REAL_FILES + _MAIN_TINY if HAVE_SHARED or REQUIRE_SHARED else \
 # the families without a real file (whose other tests are their family's: tables, transitions)
 BATTERY_FILES = MAIN_FILES + MADE_TINY_FILES
 OTHER_FILES = ["phi3-mini", "roberta-base", "t5-small", "bert-base-uncased"]
+# the files an integration test repeated per file runs on by default (an NFC file without a BOS,
+# a BOS template; both with and without ../shared); the others run under -m slow
+DEFAULT_RUN_FILES = ("qwen3", "llama3-tiny")
+
+
+def default_run_on(names, default=DEFAULT_RUN_FILES) -> list:
+    """``names`` as parameters: those in ``default`` in the default run, the rest marked slow
+    (the same code repeated on another file: ``-m slow`` runs them)."""
+    return [n if n in default else pytest.param(n, marks=pytest.mark.slow) for n in names]
 FAMILY_OF = {**_TINY, **{f"{name}-tiny": family for name, family in _TINY.items()}}
 
 _DEMO = PACKAGE_DATA / "demo"

@@ -10,10 +10,15 @@ import pytest
 import dtok
 from dtok import testing
 from battery import battery_texts, check_cuts, check_repairs
-from conftest import SHARED, load_tokenizer, read_text
+from conftest import SHARED, default_run_on, load_tokenizer, read_text
 
 
-@pytest.fixture(scope="module", params=["qwen3", "llama3", "deepseek-v3", "gpt-oss"])
+# by default an NFC file and the one with overlapping added tokens; all four under -m slow
+LITERAL_FILES = default_run_on(["qwen3", "llama3", "deepseek-v3", "gpt-oss"],
+                               default=("qwen3", "deepseek-v3"))
+
+
+@pytest.fixture(scope="module", params=LITERAL_FILES)
 def literal_tok(request):
     return load_tokenizer(request.param, encode_special_tokens=True, chunk_threshold=2048,
                           chunk_target=1024, threads=2)

@@ -87,7 +87,10 @@ def test_a_stall_says_whether_the_loop_was_on_a_cpu(tmp_path):
         await asyncio.sleep(0.05)
         return computing, probe.stalls[k]
 
-    computing, waiting = asyncio.run(main())
+    for _ in range(3):  # a busy machine can deschedule the loop between the two readings
+        computing, waiting = asyncio.run(main())
+        if abs(computing["on_cpu"] - got["share"]) <= 0.1 and waiting["on_cpu"] <= 0.3:
+            break
     assert computing["ms"] >= 30 and waiting["ms"] >= 30, (computing, waiting)
     # the computing loop's share is the one its own thread measured (about 1 on an idle
     # machine, less where other work takes the CPU: a full run on a shared 2-core machine saw

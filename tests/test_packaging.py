@@ -57,6 +57,7 @@ def _build(tmp_path, *what: str):
 
 @source_tree
 @needs_build
+@pytest.mark.slow
 def test_sdist_holds_sources_data_and_tests(tmp_path):
     _checkout, dist = _build(tmp_path, "--sdist")
     (sdist,) = dist.glob("*.tar.gz")

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from battery import battery_texts
-from conftest import (MAIN_FILES, ROOT, load_tokenizer, next_turn, read_text, ref_ids,
-                      ref_ids_many, shared_path)
+from conftest import (MAIN_FILES, ROOT, default_run_on, load_tokenizer, next_turn, read_text,
+                      ref_ids, ref_ids_many, shared_path)
 from dtok.chat import detect_style, render_turns
 
 from dtok.pool import Pool, PoolError, shm
@@ -46,7 +46,7 @@ def pools():
         p.close()
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("name", default_run_on(MAIN_FILES))
 def test_stateless_and_chunked_exact(pools, name):
     pool = pools(name)
     tok = pool.tokenizer
@@ -59,7 +59,7 @@ def test_stateless_and_chunked_exact(pools, name):
     assert pool.stats()["chunked"] >= 2
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("name", default_run_on(MAIN_FILES))
 def test_session_replay_through_pool(pools, name):
     pool = pools(name)
     tok = pool.tokenizer

@@ -9,8 +9,8 @@ import pytest
 
 import dtok
 from dtok.tokenizer import parts_of
-from conftest import (MAIN_FILES, load_tokenizer, next_turn, read_text, ref_ids, ref_ids_many,
-                      shared_path)
+from conftest import (DEFAULT_RUN_FILES, MAIN_FILES, load_tokenizer, next_turn, read_text, ref_ids,
+                      ref_ids_many, shared_path)
 from dtok.chat import detect_style, render_turns
 
 TRANSCRIPTS = [
@@ -29,8 +29,11 @@ def fresh(name: str, **knobs) -> dtok.Tokenizer:
     return load_tokenizer(name).with_knobs(**knobs)
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
-@pytest.mark.parametrize("transcript_name", TRANSCRIPTS)
+# the first transcript on every main file, the second on the default run's files (all: -m slow)
+@pytest.mark.parametrize("transcript_name, name", [
+    (TRANSCRIPTS[0], n) for n in MAIN_FILES] + [
+    pytest.param(TRANSCRIPTS[1], n, marks=() if n in DEFAULT_RUN_FILES else pytest.mark.slow)
+    for n in MAIN_FILES])
 def test_replay_transcript_keyed(name, transcript_name):
     tok = fresh(name)
     style = detect_style(tok.admission.added_tokens)

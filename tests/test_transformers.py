@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import MAIN_FILES, read_text, shared_path
+from conftest import MAIN_FILES, default_run_on, read_text, shared_path
 
 transformers = pytest.importorskip("transformers") if not os.environ.get("CI") else \
     __import__("transformers")
@@ -34,7 +34,7 @@ TEXTS = ["Hello, world!", "", "<|im_start|>user\nhi<|im_end|>", "e\u0301 caf\u00
          "<|start|>user<|message|>x<|end|>"]
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("name", default_run_on(MAIN_FILES))
 def test_same_ids_as_transformers(name):
     h = hf(name)
     tok = wrap(h)
@@ -51,7 +51,7 @@ def test_same_ids_as_transformers(name):
     assert tok.dtok.admission.admitted
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("name", default_run_on(MAIN_FILES))
 def test_sessions_and_fallbacks(name):
     h = hf(name)
     tok = wrap(h)

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import MAIN_FILES, read_text, shared_path
+from conftest import MAIN_FILES, default_run_on, read_text, shared_path
 
 transformers = pytest.importorskip("transformers") if not os.environ.get("CI") else \
     __import__("transformers")
@@ -98,7 +98,7 @@ def test_encode_options():
         assert engine.encode_options(tok, passed_through) is None, passed_through
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("name", default_run_on(MAIN_FILES))
 def test_truncation_matches_transformers(name):
     """vLLM's ``truncation=True, max_length=...`` call, both sides, with and without special
     tokens, every length from 1 to past the text: dtok's IDs (or a pass-through where it
