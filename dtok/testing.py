@@ -70,6 +70,15 @@ CHECK_LONG_STRETCHES = "long cut-free stretches"
 CHECK_PLAIN_SPECIALS = "plain special-token strings"
 CHECKS = (CHECK_LONG_STRETCHES, CHECK_PLAIN_SPECIALS)
 
+#: The safe-cut predicate's own checks (dtok_ext.cuts.CutRules, flags read in its compiled
+#: loops, so switched per rules object with :func:`cut_checks_off`): NFC's reach across a cut,
+CUT_CHECK_NFC = "_check_nfc"
+#: special-token strings across a cut,
+CUT_CHECK_SPECIALS = "_check_specials"
+#: a continuation's seam being a cut of the new text too (dtok.repair).
+CUT_CHECK_NEW_TEXT = "_check_new_text"
+CUT_CHECKS = (CUT_CHECK_NFC, CUT_CHECK_SPECIALS, CUT_CHECK_NEW_TEXT)
+
 _installed: dict[str, Callable] = {}
 _off: set[str] = set()
 
@@ -97,6 +106,24 @@ def is_off(name: str) -> bool:
     """Whether a bench or test switched the mechanism or check ``name`` off (one set lookup:
     dtok asks on every call that schedules work)."""
     return name in _off
+
+
+@contextmanager
+def cut_checks_off(rules, *checks: str) -> Iterator[None]:
+    """Switch the safe-cut predicate's ``checks`` off on one ``CutRules`` object (a tokenizer's:
+    ``dtok.tokenizer.parts_of(tok).rules``) while the block runs: the exactness battery's
+    controls show the battery finds the differences they prevent."""
+    unknown = set(checks) - set(CUT_CHECKS)
+    if unknown:
+        raise ValueError(f"no such cut check: {sorted(unknown)}")
+    saved = {c: getattr(rules, c) for c in checks}
+    for c in checks:
+        setattr(rules, c, False)
+    try:
+        yield
+    finally:
+        for c, on in saved.items():
+            setattr(rules, c, on)
 
 
 @contextmanager

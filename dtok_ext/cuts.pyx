@@ -157,9 +157,7 @@ cdef class CutRules:
 
     Test seams: ``_check_nfc``, ``_check_specials`` and ``_check_new_text`` (public to Python,
     True in service) switch one safety condition off, so that a control can prove its check
-    sees the wrong answers that follow (``tests/battery.py`` ``checks_disabled``,
-    ``tests/test_edits.py``, the ``tools/engines/vllm_check.py`` control). Nothing else sets
-    them.
+    sees the wrong answers that follow; only ``dtok.testing.cut_checks_off`` sets them.
     """
 
     def __init__(self, bytes table not None, bytes accept not None, SpecialMatcher specials not None,

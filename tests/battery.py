@@ -1,8 +1,7 @@
 """The exactness battery: adversarial texts, and checks of every accepted cut against the reference.
 
 Used by test_exactness.py (which must find no difference) and by its control (which switches a
-safety check off through the private hooks ``CutRules._check_nfc`` / ``._check_specials`` and
-must find differences), and by the session and pool tests.
+safety check off through ``dtok.testing.cut_checks_off`` and must find differences), and by the session and pool tests.
 """
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from conftest import read_text
+from dtok import testing
 from dtok.tokenizer import parts_of
 
 # Fragments that break naive cuts, each a reason a check exists.
@@ -167,12 +167,8 @@ def check_repairs(tok, texts: list[str], per_text: int = 3, seed: int = 1,
 
 @contextmanager
 def checks_disabled(tok, *, nfc: bool = False, specials: bool = False):
-    """The private hook of the control: switch a safety check off, for the block only."""
-    rules = parts_of(tok).rules
-    saved = rules._check_nfc, rules._check_specials
-    rules._check_nfc = not nfc and saved[0]
-    rules._check_specials = not specials and saved[1]
-    try:
+    """The control: a safety check switched off (dtok.testing.cut_checks_off), for the block."""
+    checks = [c for c, off in ((testing.CUT_CHECK_NFC, nfc), (testing.CUT_CHECK_SPECIALS, specials))
+              if off]
+    with testing.cut_checks_off(parts_of(tok).rules, *checks):
         yield
-    finally:
-        rules._check_nfc, rules._check_specials = saved

@@ -131,12 +131,9 @@ def test_control_without_seam_check_on_new_text(name):
     """The control: a seam that is a cut of the old text but not checked on the new one (private
     hook) must produce wrong IDs somewhere in the same fuzz."""
     tok = load_tokenizer(name)
-    parts_of(tok).rules._check_new_text = False
-    try:
+    with testing.cut_checks_off(parts_of(tok).rules, testing.CUT_CHECK_NEW_TEXT):
         # 48 trials: under the tiny test vocabularies a wrong seam changes the IDs less often
         diffs, n, _ = _fuzz(tok, trials=48, seed=5, spacing=64)
-    finally:
-        parts_of(tok).rules._check_new_text = True
     assert diffs >= 3, f"the fuzz cannot see a seam unchecked on the new text ({diffs} of {n})"
 
 

@@ -351,18 +351,14 @@ async def run_control(check: Checker, tok, model: str, out) -> tuple[int, int]:
 
 @contextlib.contextmanager
 def _guard_off(tok):
-    """The control's fault: the special-token check of the cut rules switched off through
-    ``CutRules._check_specials``, the test seam the battery's controls use (``tests/battery.py``
-    ``checks_disabled``), so this check proves it can see a wrong answer."""
+    """The control's fault: the special-token check of the cut rules switched off
+    (``dtok.testing.cut_checks_off``, as the battery's controls do), so this check proves it
+    can see a wrong answer."""
+    from dtok import testing
     from dtok.tokenizer import parts_of
 
-    rules = parts_of(tok).rules
-    saved = rules._check_specials
-    rules._check_specials = False
-    try:
+    with testing.cut_checks_off(parts_of(tok).rules, testing.CUT_CHECK_SPECIALS):
         yield
-    finally:
-        rules._check_specials = saved
 
 
 def _is_patched(owner, attr: str) -> bool:
