@@ -92,6 +92,12 @@ def default_run_on(names, default=DEFAULT_RUN_FILES) -> list:
     """``names`` as parameters: those in ``default`` in the default run, the rest marked slow
     (the same code repeated on another file: ``-m slow`` runs them)."""
     return [n if n in default else pytest.param(n, marks=pytest.mark.slow) for n in names]
+
+
+# a per-file test that is not the battery or a control: on every main file, but with ../shared
+# the small copies of the real files run under -m slow (their real files run by default)
+PER_FILE = default_run_on(MAIN_FILES, REAL_FILES + list(DEFAULT_RUN_FILES)) \
+    if HAVE_SHARED or REQUIRE_SHARED else MAIN_FILES
 FAMILY_OF = {**_TINY, **{f"{name}-tiny": family for name, family in _TINY.items()}}
 
 _DEMO = PACKAGE_DATA / "demo"

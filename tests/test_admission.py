@@ -7,7 +7,7 @@ import pytest
 
 import dtok
 from dtok.tokenizer import parts_of
-from conftest import (FAMILY_OF, MAIN_FILES, OTHER_FILES, load_tokenizer, read_text, ref_ids,
+from conftest import (FAMILY_OF, OTHER_FILES, PER_FILE, load_tokenizer, read_text, ref_ids,
                       shared_path)
 
 QWEN3_SHA = "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"
@@ -20,7 +20,7 @@ NOT_ADMITTED_BECAUSE = {
 }
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("name", PER_FILE)
 def test_main_files_are_admitted(name):
     tok = load_tokenizer(name)
     a = tok.admission

@@ -12,7 +12,7 @@ import dtok
 from dtok import testing
 from dtok.tokenizer import parts_of
 from battery import FRAGMENTS, token_fragments
-from conftest import MAIN_FILES, load_tokenizer, read_text, ref_ids, ref_ids_many
+from conftest import MAIN_FILES, PER_FILE, load_tokenizer, read_text, ref_ids, ref_ids_many
 from dtok.admission import bundled_files
 from dtok.chat import reasoning_chat, render_reasoning
 from dtok.cli import demo_text
@@ -64,7 +64,7 @@ def test_qwen3_real_template_replay(qwen3_hf):
     assert s["edits"] >= 5 and s["edits"] + s["repairs"] == len(prompts) - 1, s
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("name", PER_FILE)
 def test_reasoning_rules_replay(name):
     """DeepSeek-R1-style (drop <think> of earlier turns) and harmony (drop the analysis channel of
     finished turns) renderings: exact every turn, a full encode only for the first."""

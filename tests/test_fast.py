@@ -13,7 +13,7 @@ import pytest
 
 import dtok
 from dtok.tokenizer import parts_of
-from conftest import (FAMILY_OF as FAMILY, MAIN_FILES, ROOT, load_tokenizer, read_text, ref_ids,
+from conftest import (FAMILY_OF as FAMILY, PER_FILE, ROOT, load_tokenizer, read_text, ref_ids,
                       ref_ids_many, shared_path, tokenizer_path)
 from dtok import guards
 from dtok.chat import detect_style, render_turns
@@ -78,7 +78,7 @@ def test_installed_version_is_what_importlib_metadata_finds(monkeypatch, tmp_pat
         assert installed_version("dtok_probe") == metadata("dtok_probe"), order
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("name", PER_FILE)
 def test_auto_uses_fast_encoder_with_shipped_guards(name):
     tok = fast_tok(name)
     assert "guard table" in " ".join(tok.stats()["notes"])
@@ -86,7 +86,7 @@ def test_auto_uses_fast_encoder_with_shipped_guards(name):
                                     encoder="reference").encoder.name == "reference"
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("name", PER_FILE)
 def test_real_text_differential(name):
     """Code, prose, multilingual and adversarial text through the fast route, whole and chunked."""
     tok = fast_tok(name, chunk_threshold=65536, chunk_target=16384)
@@ -139,7 +139,7 @@ def test_unassigned_code_point_is_guarded():
     assert tok.explain("abc def")["chunk_routes"] == ["fast"]
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("name", PER_FILE)
 def test_noncharacters_are_not_guarded_and_encode_exactly(name):
     """The 66 noncharacters are not guard characters (``dtok.tables.NONCHARACTERS``: no Unicode
     version assigns them), while another unassigned code point and the surrogates are; text
@@ -642,7 +642,7 @@ def giga_adversarial(tok: dtok.Tokenizer, n: int = 40, seed: int = 3) -> list[st
     return out
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("name", PER_FILE)
 def test_gigatoken_guard_tables_ship(name):
     """Every tested file has a gigatoken guard table for these versions, with the probes'
     results and the speed measurement the router reads; a table without one (Qwen3.5's: its
@@ -664,7 +664,7 @@ def test_gigatoken_guard_tables_ship(name):
     assert (encoder.specialist is not None) == bool(encoder.specialist_classes)
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("name", PER_FILE)
 def test_gigatoken_lane_is_exact(name):
     """gigatoken first for every piece, behind its guards: battery texts, real text and text
     aimed at its guards, whole and chunked, give the reference's IDs; what its guards send away
@@ -689,7 +689,7 @@ def test_gigatoken_lane_is_exact(name):
         assert s["fast_pieces"] > 0  # stretches gigatoken's guards sent to fastokens
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("name", PER_FILE)
 def test_control_gigatoken_without_guards_finds_differences(name):
     """The control: the same texts with gigatoken's guards switched off (private hook) give
     differences; with them on, none (the test above)."""
@@ -735,7 +735,7 @@ def test_text_class_of_real_text():
     assert text_class("plain ascii") == "latin" and text_class("") == "latin"
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("name", PER_FILE)
 def test_cut_free_stretches_are_the_gaps_between_safe_cuts(name):
     """Every stretch between consecutive safe cuts longer than the bound, and nothing else, on
     real hard text with long single-class runs spliced in (checked against every safe cut)."""

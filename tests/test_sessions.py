@@ -9,7 +9,7 @@ import pytest
 
 import dtok
 from dtok.tokenizer import parts_of
-from conftest import (DEFAULT_RUN_FILES, MAIN_FILES, load_tokenizer, next_turn, read_text, ref_ids,
+from conftest import (DEFAULT_RUN_FILES, MAIN_FILES, PER_FILE, load_tokenizer, next_turn, read_text, ref_ids,
                       ref_ids_many, shared_path)
 from dtok.chat import detect_style, render_turns
 
@@ -47,7 +47,7 @@ def test_replay_transcript_keyed(name, transcript_name):
     assert s["repairs"] >= len(turns) - 2 and s["fallbacks"] == 0, s
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("name", PER_FILE)
 def test_replay_transcript_content_lookup(name):
     tok = fresh(name)
     turns = render_turns(transcript(TRANSCRIPTS[0]), detect_style(tok.admission.added_tokens))
@@ -74,7 +74,7 @@ SPLITS = [
 ]
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("name", PER_FILE)
 def test_appends_split_tricky_boundaries(name):
     tok = fresh(name)
     base = read_text("prose", "gutenberg-1342_pride-and-prejudice.txt")[:3000]
@@ -435,7 +435,7 @@ def test_try_encode_list_counts_the_reference_as_slower():
     assert tok.try_encode_list(text, max_chars=len(text) * REFERENCE_WEIGHT) == ref_ids(tok, text)
 
 
-@pytest.mark.parametrize("name", MAIN_FILES)
+@pytest.mark.parametrize("name", PER_FILE)
 def test_one_pass_append_is_the_general_plan(name):
     """A pure append's one pass (Planner.append) gives the IDs and anchors that planning,
     executing and anchoring the general plan give, at splits that move the seam."""
