@@ -243,6 +243,8 @@ class ChunkEncoder:
                        ) -> list[list]:
         """:meth:`encode_texts` of chunks routed here; ``parallel``: the calls to each encoder
         are shared out among the threads, else all made in this thread."""
+        testing.run_hook(testing.CHUNKS_ROUTED, chunks)
+
         def groups(items: list, fast: bool, one: bool = False) -> list[list]:
             return self._groups(items, fast, one) if parallel else [items] if items else []
 

@@ -39,6 +39,10 @@ AFTER_PUBLISH = "after_publish"
 #: on the thread that encodes it (:mod:`dtok.pool.failover`).
 IN_PROCESS_ENCODE = "in_process_encode"
 
+#: A thread is about to route and encode a list of chunks (its run, or a text's chunks);
+#: called with the chunks, on that thread (:mod:`dtok.chunk_encoder`).
+CHUNKS_ROUTED = "chunks_routed"
+
 #: A pool is about to start its zygote; called with the configuration it sends, which the
 #: function may change (:mod:`dtok.pool.api`; the zygote's own test hooks, such as
 #: ``_hang_starts``: {worker index: starts that never come up}).

@@ -124,11 +124,6 @@ def test_each_thread_routes_its_own_run_of_chunks(name, monkeypatch):
     assert len(tok.explain(text)["cuts"]) >= 3
     chunk_encoder = parts_of(tok).chunk_encoder
     routed_by = set()
-    encode_routed = chunk_encoder._encode_routed
-
-    def traced(*args, **kwargs):
-        routed_by.add(threading.get_ident())
-        return encode_routed(*args, **kwargs)
 
     stretches_by = set()
     encode_stretches = chunk_encoder.reference.encode_stretches
@@ -137,11 +132,11 @@ def test_each_thread_routes_its_own_run_of_chunks(name, monkeypatch):
         stretches_by.add(threading.get_ident())
         return encode_stretches(texts)
 
-    monkeypatch.setattr(chunk_encoder, "_encode_routed", traced)
     monkeypatch.setattr(chunk_encoder.reference, "encode_stretches", traced_stretches)
     # each run taken whole: with the steps, which thread takes a run's later chunks is a
     # matter of timing (tests/test_fast.py checks the steps)
-    with testing.switched_off(testing.OFF_STEPS):
+    with testing.switched_off(testing.OFF_STEPS), \
+            testing.hooked(testing.CHUNKS_ROUTED, lambda _: routed_by.add(threading.get_ident())):
         for special in (True, False):
             assert list(tok.encode(text, add_special_tokens=special)) == ref_ids(tok, text,
                                                                                  special)

@@ -892,13 +892,12 @@ def test_the_caller_takes_the_rest_of_a_slow_pool_threads_run_from_the_back(monk
     text = (multi * (1 + 1_000_000 // len(multi)))[:1_000_000]
     assert "16 chunks on 2 thread(s)," in tok.explain(text)["why"]
     want = ref_ids(tok, text)
-    routed = parts_of(tok).chunk_encoder._encode_routed
     caller = threading.current_thread()
     for whole, caller_takes_more in ((False, True), (True, False)):
         chunks = {"caller": 0, "pool": 0}
         pool_took = threading.Event()
 
-        def slow_pool_thread(texts, parallel, *rest):
+        def slow_pool_thread(texts):
             mine = threading.current_thread() is caller
             if mine and not chunks["caller"]:
                 # the caller's own run waits until the pool thread has taken its first step,
@@ -909,10 +908,8 @@ def test_the_caller_takes_the_rest_of_a_slow_pool_threads_run_from_the_back(monk
                 pool_took.set()
                 time.sleep(0.03)
             chunks["caller" if mine else "pool"] += len(texts)
-            return routed(texts, parallel, *rest)
 
-        with monkeypatch.context() as patch:
-            patch.setattr(parts_of(tok).chunk_encoder, "_encode_routed", slow_pool_thread)
+        with testing.hooked(testing.CHUNKS_ROUTED, slow_pool_thread):
             with (testing.switched_off(testing.OFF_STEPS) if whole else nullcontext()):
                 assert list(tok.encode(text)) == want
         assert chunks["caller"] + chunks["pool"] == 16, chunks
