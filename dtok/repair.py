@@ -175,7 +175,7 @@ class Plan:
                        {op.new_end for op in self.ops if op.new_end < self.new_len})
         return {"seams": seams, "reused": reused, "fresh": fresh,
                 "fresh_chars": sum(b - a for a, b in fresh),
-                "reused_chars": sum(b - a for a, b, _, _ in reused),
+                "reused_chars": self.reused_chars,
                 "old_text_reencoded": sum(len(t) for t in self.texts)
                 - sum(b - a for a, b in fresh), "common_prefix": self.prefix_len,
                 "alignment_work": self.work}

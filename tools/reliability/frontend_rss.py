@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -43,11 +44,8 @@ def memory_mib() -> dict[str, int]:
 
 def slope_per_hour(points: list[tuple[float, float]]) -> float:
     """Least-squares slope of (seconds, MiB) points, in MiB per hour."""
-    n = len(points)
-    mt = sum(t for t, _ in points) / n
-    mv = sum(v for _, v in points) / n
-    var = sum((t - mt) ** 2 for t, _ in points)
-    return 3600 * sum((t - mt) * (v - mv) for t, v in points) / var if var else 0.0
+    seconds, mib = zip(*points)
+    return 3600 * statistics.linear_regression(seconds, mib).slope
 
 
 def main() -> None:

@@ -43,10 +43,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 
-def status(key: str) -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) // 1024
+def status(key: str, pid: int | str = "self") -> int:
+    """A memory field of /proc/PID/status in MiB (-1: no such field; OSError: no process)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) // 1024
     return -1
 
 
@@ -130,12 +132,10 @@ def pooled(tok, args, read_text) -> None:
         def worker_rss() -> str:
             pid = pool.stats()["workers"][0]["pid"]
             try:
-                with open(f"/proc/{pid}/status") as f:
-                    fields = dict(line.split(":", 1) for line in f)
+                rss = status("VmRSS", pid)
+                peak[pid] = status("VmHWM", pid)
             except OSError:  # between a renewal's exit and the fork that replaces it
                 return "-"
-            rss, hwm = (int(fields[k].split()[0]) // 1024 for k in ("VmRSS", "VmHWM"))
-            peak[pid] = hwm
             return f"worker RSS {rss} MiB, peak {max(peak.values())}"
 
         print(f"a pool of one worker, {args.file}: worker_renew_chars "

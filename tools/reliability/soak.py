@@ -1000,11 +1000,11 @@ def analyze(out: Path, args, checker, leaked_after_restart, end_names, restarts,
                          - statistics.median(x[i] for x in first), 1)
 
         def per_min(i, part):  # least-squares slope, MiB a minute
-            xs = [x[0] for x in part]
-            ys = [x[i] for x in part]
-            mx, my = statistics.fmean(xs), statistics.fmean(ys)
-            var = sum((x - mx) ** 2 for x in xs)
-            return round(60 * sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var, 2) if var else None
+            try:
+                return round(60 * statistics.linear_regression(
+                    [x[0] for x in part], [x[i] for x in part]).slope, 2)
+            except statistics.StatisticsError:  # fewer than two samples, or all at one time
+                return None
 
         out = {"seconds": round(s[-1][0] - s[0][0]),
                "rss_after_warmup": statistics.median(x[1] for x in first),
